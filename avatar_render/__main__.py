@@ -1,0 +1,3 @@
+from avatar_render.cli import main
+
+main()

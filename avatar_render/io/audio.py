@@ -1,0 +1,296 @@
+"""Decode an audio track once, front to back, into two synchronized views in bounded memory.
+
+The model view is mono float32 at the model's rate (for audio features); the output view keeps
+the input's rate (when AAC can encode it) and channels (downmixed to stereo above two) for the
+AAC track of the output video. Time 0 is the first decoded sample; container timestamps are
+not used, so gaps in timestamps do not insert silence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+from avatar_render.errors import AvatarRenderError
+
+AAC_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000)
+_FALLBACK_RATE = 48000
+_RELEASE_MARGIN = Fraction(1)  # seconds kept behind the point the caller releases
+_MIN_CAPACITY = 1 << 14
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    path: Path
+    codec: str  # decoder's canonical name, e.g. "mp3"
+    sample_rate: int  # input rate
+    channels: int  # input channels
+    estimated_seconds: float | None  # from container metadata, None if unknown; for ETA only
+    output_rate: int
+    output_channels: int  # 1 or 2
+
+
+def output_format(sample_rate: int, channels: int) -> tuple[int, int]:
+    """(rate, channels) of the output track for an input of ``sample_rate`` and ``channels``."""
+    return (sample_rate if sample_rate in AAC_RATES else _FALLBACK_RATE), min(channels, 2)
+
+
+class _Window:
+    """Samples [start, end) of one view, kept contiguous in a (channels, capacity) array."""
+
+    def __init__(self, channels: int) -> None:
+        self._data = np.zeros((channels, _MIN_CAPACITY), np.float32)
+        self._head = 0  # column of sample `start` in _data
+        self.start = 0  # absolute index of the first kept sample
+        self.end = 0  # absolute index one past the last kept sample
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def append(self, block: np.ndarray) -> None:
+        """Add (C, n) samples at the end."""
+        n, size = block.shape[1], len(self)
+        if self._head + size + n > self._data.shape[1]:
+            capacity = max(_MIN_CAPACITY, 2 * (size + n))
+            current = self._data.shape[1]
+            reuse = capacity <= current < 4 * capacity  # shift in place unless it would waste too much
+            data = self._data if reuse else np.empty((self._data.shape[0], capacity), np.float32)
+            data[:, :size] = self._data[:, self._head : self._head + size]
+            self._data, self._head = data, 0
+        tail = self._head + size
+        self._data[:, tail : tail + n] = block
+        self.end += n
+
+    def resize(self, end: int) -> None:
+        """Cut after ``end`` or pad with zeros up to it."""
+        if end > self.end:
+            self.append(np.zeros((self._data.shape[0], end - self.end), np.float32))
+        else:
+            self.end = max(end, self.start)
+
+    def drop_before(self, index: int) -> None:
+        k = min(max(index - self.start, 0), len(self))
+        self._head += k
+        self.start += k
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        """Samples [a, b) as a new (C, b - a) array; zeros before 0 and past ``end``."""
+        lo, hi = max(a, 0), min(b, self.end)
+        if lo < hi and lo < self.start:
+            raise ValueError(f"samples before index {self.start} were already released")
+        kept = self._data[:, self._head + lo - self.start : self._head + hi - self.start] if lo < hi else None
+        if kept is not None and (a, b) == (lo, hi):
+            return kept.copy()
+        out = np.zeros((self._data.shape[0], max(b - a, 0)), np.float32)
+        if kept is not None:
+            out[:, lo - a : hi - a] = kept
+        return out
+
+
+def _sample_at(t: Fraction, rate: int) -> int:
+    """round(t * rate), halves rounded up, in exact arithmetic."""
+    return math.floor(t * rate + Fraction(1, 2))
+
+
+class AudioReader:
+    """Streams the first audio track of ``path``; see the module docstring.
+
+    ``probe`` decodes ahead; ``model_audio`` and ``output_audio`` read buffered samples (decoding
+    more when needed); ``release`` lets go of samples the caller is done with. Memory is bounded by
+    how far ahead the caller reads plus what it has not released, never by the file's length.
+    """
+
+    def __init__(
+        self, path: str | Path, *, fps: Fraction, model_rate: int = 16000, lookahead_s: float = 0.5
+    ) -> None:
+        path = Path(path)
+        if fps <= 0 or model_rate <= 0 or lookahead_s < 0:
+            raise ValueError("fps and model_rate must be positive and lookahead_s not negative")
+        self.fps = Fraction(fps)
+        self.model_rate = model_rate
+        self._lookahead = Fraction(lookahead_s)
+        self.total_frames: int | None = None
+        self._container = _open(path)
+        try:
+            streams = self._container.streams.audio
+            if not streams:
+                raise AvatarRenderError(f"'{path.name}' has no audio track.")
+            self._stream = streams[0]
+            self._frames = self._decoded_frames()
+            first = next((f for f in self._frames if f.samples > 0), None)
+            if first is None:
+                raise AvatarRenderError(f"'{path.name}' holds no audio samples.")
+        except BaseException:
+            self._container.close()
+            raise
+        rate, channels = first.sample_rate, first.layout.nb_channels
+        out_rate, out_channels = output_format(rate, channels)
+        self.info = AudioInfo(
+            path=path,
+            codec=self._stream.codec_context.codec.canonical_name,
+            sample_rate=rate,
+            channels=channels,
+            estimated_seconds=_estimated_seconds(self._container, self._stream),
+            output_rate=out_rate,
+            output_channels=out_channels,
+        )
+        self._model = _Window(1)
+        self._output = _Window(out_channels)
+        self._source: tuple[str, str, int] | None = None  # (format, layout, rate) the resamplers take
+        self._model_resampler: av.AudioResampler | None = None
+        self._output_resampler: av.AudioResampler | None = None
+        self._done_seconds = Fraction(0)  # input duration of earlier (format, layout, rate) segments
+        self._segment_samples = 0  # input samples of the current segment
+        self._eof = False
+        self._push(first)
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def probe(self, upto_frame: int) -> int:
+        """Decode through ``upto_frame / fps + lookahead_s`` or to the end of the file.
+
+        Returns ``upto_frame`` if the audio lasts at least that long, else ``total_frames``.
+        """
+        t = Fraction(upto_frame) / self.fps + self._lookahead
+        self._fill(_sample_at(t, self.model_rate), _sample_at(t, self.info.output_rate))
+        if self.total_frames is None:
+            return upto_frame
+        return min(upto_frame, self.total_frames)
+
+    def model_audio(self, start_frame: int, end_frame: int, *, pad_s: float = 0.0) -> np.ndarray:
+        """Mono float32 (n,) at ``model_rate`` for [start/fps - pad_s, end/fps + pad_s).
+
+        The pad is a whole number of samples, round(pad_s * model_rate), on each side; samples
+        before time 0 and past the end of the audio are zeros.
+        """
+        pad = round(pad_s * self.model_rate)
+        a = _sample_at(Fraction(start_frame) / self.fps, self.model_rate) - pad
+        b = _sample_at(Fraction(end_frame) / self.fps, self.model_rate) + pad
+        self._fill(b, 0)
+        return self._model.read(a, b)[0]
+
+    def output_audio(self, start_frame: int, end_frame: int) -> np.ndarray:
+        """Float32 (C, n) at ``info.output_rate`` for [start/fps, end/fps).
+
+        For the last chunk (``end_frame >= total_frames``) it returns everything up to the real end
+        of the audio, so consecutive chunks from frame 0 add up to exactly the whole track.
+        """
+        rate = self.info.output_rate
+        a = _sample_at(Fraction(start_frame) / self.fps, rate)
+        b = _sample_at(Fraction(end_frame) / self.fps, rate)
+        self._fill(0, b)
+        if self._eof:
+            b = self._output.end if end_frame >= self.total_frames else min(b, self._output.end)
+        return self._output.read(a, b)
+
+    def release(self, before_frame: int) -> None:
+        """Forget samples older than ``before_frame / fps`` minus a 1 s margin."""
+        t = Fraction(before_frame) / self.fps - _RELEASE_MARGIN
+        self._model.drop_before(_sample_at(t, self.model_rate))
+        self._output.drop_before(_sample_at(t, self.info.output_rate))
+
+    @property
+    def buffered_seconds(self) -> float:
+        """Seconds of audio held in memory by the larger of the two views."""
+        return max(len(self._model) / self.model_rate, len(self._output) / self.info.output_rate)
+
+    def close(self) -> None:
+        self._eof = True
+        self._container.close()
+
+    def __enter__(self) -> AudioReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- decoding -----------------------------------------------------------------------------
+
+    def _decoded_frames(self) -> Iterator[av.AudioFrame]:
+        """Every decodable frame of the stream; corrupt packets are skipped, a cut file just ends."""
+        packets = self._container.demux(self._stream)
+        while True:
+            try:
+                packet = next(packets)
+            except StopIteration:
+                return
+            except av.FFmpegError:
+                try:  # the rest of the file is unreadable: drain the decoder and stop
+                    yield from self._stream.codec_context.decode(None)
+                except av.FFmpegError:
+                    pass
+                return
+            try:
+                frames = self._stream.codec_context.decode(packet)
+            except av.FFmpegError:
+                continue
+            yield from frames
+
+    def _fill(self, model_end: int, output_end: int) -> None:
+        """Decode until each view holds a sample past the given index, or to the end of the file."""
+        while not self._eof and (self._model.end <= model_end or self._output.end <= output_end):
+            frame = next(self._frames, None)
+            if frame is None:
+                self._finish()
+            elif frame.samples > 0:
+                self._push(frame)
+
+    def _push(self, frame: av.AudioFrame) -> None:
+        source = (frame.format.name, frame.layout.name, frame.sample_rate)
+        if source != self._source:
+            self._flush_resamplers()
+            self._source = source
+            self._model_resampler = av.AudioResampler(format="fltp", layout="mono", rate=self.model_rate)
+            layout = "mono" if self.info.output_channels == 1 else "stereo"
+            self._output_resampler = av.AudioResampler(
+                format="fltp", layout=layout, rate=self.info.output_rate
+            )
+        self._segment_samples += frame.samples
+        self._resample(frame)
+
+    def _resample(self, frame: av.AudioFrame | None) -> None:
+        for window, resampler in ((self._model, self._model_resampler), (self._output, self._output_resampler)):
+            for out in resampler.resample(frame):
+                if out is not None:  # a pass-through resampler echoes the flush request
+                    window.append(out.to_ndarray())
+
+    def _flush_resamplers(self) -> None:
+        if self._source is None:
+            return
+        self._resample(None)
+        self._done_seconds += Fraction(self._segment_samples, self._source[2])
+        self._segment_samples = 0
+
+    def _finish(self) -> None:
+        self._flush_resamplers()
+        self._eof = True
+        seconds = self._done_seconds
+        # The resamplers' output can be off by a few samples; fix both views to the exact length.
+        self._model.resize(_sample_at(seconds, self.model_rate))
+        self._output.resize(_sample_at(seconds, self.info.output_rate))
+        self.total_frames = math.ceil(seconds * self.fps)
+
+
+def _open(path: Path) -> av.container.InputContainer:
+    if not path.exists():
+        raise AvatarRenderError(f"'{path.name}' does not exist; check the audio path.")
+    if not path.is_file():
+        raise AvatarRenderError(f"'{path.name}' is not a file; pass an audio or video file.")
+    try:
+        return av.open(str(path), "r")
+    except (av.FFmpegError, OSError, ValueError) as error:
+        raise AvatarRenderError(f"'{path.name}' is not a readable audio or video file.") from error
+
+
+def _estimated_seconds(container: av.container.InputContainer, stream: av.AudioStream) -> float | None:
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    if container.duration:
+        return container.duration / av.time_base
+    return None

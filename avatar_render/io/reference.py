@@ -1,0 +1,225 @@
+"""The reference (identity) image: load it from an image or a video file, and fit it to the output frame."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from avatar_render.errors import AvatarRenderError
+
+VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})
+MIN_SIDE = 16  # smallest width or height accepted, in pixels
+_STRIP_ROWS = 512  # rows converted to numpy at a time, so no extra full-size temporaries pile up
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError)
+# Image.MAX_IMAGE_PIXELS is process-wide; it is swapped for ``max_pixels`` only while a header is read.
+_PIL_LIMIT_LOCK = threading.Lock()
+
+
+def load_reference(path: str | Path, *, max_pixels: int = 150_000_000) -> np.ndarray:
+    """(H, W, 3) uint8 RGB identity image from an image (PNG/JPEG/WebP/BMP/TIFF...) or a video (first frame).
+
+    The image keeps its full resolution (so boxes given in reference pixels stay valid); its pixel
+    count is checked from the header before anything is decoded. Transparency is composited over white.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise AvatarRenderError(f"The reference file '{path}' does not exist.")
+    if path.is_dir():
+        raise AvatarRenderError(f"The reference '{path}' is a folder; give an image or video file.")
+    if path.suffix.lower() in VIDEO_SUFFIXES:
+        return _load_video_frame(path, max_pixels)
+    try:
+        image = _open_image(path, max_pixels)
+    except UnidentifiedImageError:
+        return _load_video_frame(path, max_pixels, from_image_fallback=True)
+    with image:
+        return _decode_image(image, path)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How reference pixels map into the output frame (continuous pixel-edge coordinates)."""
+
+    scale: float  # output pixels per reference pixel
+    offset_x: float  # output x = reference x * scale - offset_x  (likewise y)
+    offset_y: float
+
+
+def fit_to_frame(
+    image: np.ndarray,
+    width: int,
+    height: int,
+    *,
+    focus: tuple[float, float, float, float] | None = None,
+) -> tuple[np.ndarray, Fit]:
+    """Crop to the output aspect ratio (cover, no letterbox) and resize to (height, width, 3).
+
+    Resizing uses cv2.INTER_AREA when shrinking and cubic interpolation when enlarging.
+
+    With a focus box (x, y, w, h) in reference pixels (the face), the crop keeps the box inside and
+    places its centre near the horizontal centre and a little above the vertical centre, clamped to
+    the image; without one, centre crop.
+    """
+    if width < 1 or height < 1:
+        raise AvatarRenderError(f"The output size must be positive, not {width}x{height}.")
+    src_h, src_w = image.shape[:2]
+    if src_w * height >= src_h * width:  # reference is wider than the frame: keep its full height
+        crop_h, crop_w = src_h, min(src_w, max(1, round(src_h * width / height)))
+    else:
+        crop_w, crop_h = src_w, min(src_h, max(1, round(src_w * height / width)))
+    if focus is None:
+        x0, y0 = (src_w - crop_w) // 2, (src_h - crop_h) // 2
+    else:
+        fx, fy, fw, fh = focus
+        x0 = _place(fx + fw / 2 - 0.5 * crop_w, fx, fw, crop_w, src_w)
+        y0 = _place(fy + fh / 2 - 0.45 * crop_h, fy, fh, crop_h, src_h)
+    crop = image[y0 : y0 + crop_h, x0 : x0 + crop_w]  # (crop_h, crop_w, 3)
+    # The crop's aspect matches the frame's to within a pixel; one scale describes both axes.
+    scale = (width / crop_w + height / crop_h) / 2
+    if (crop_w, crop_h) == (width, height):
+        out = np.ascontiguousarray(crop)
+    else:
+        interpolation = cv2.INTER_AREA if scale < 1 else cv2.INTER_CUBIC
+        out = cv2.resize(crop, (width, height), interpolation=interpolation)
+    return out, Fit(scale=scale, offset_x=x0 * scale, offset_y=y0 * scale)
+
+
+def _place(desired: float, start: float, size: float, crop: int, total: int) -> int:
+    """Crop origin along one axis: ``desired``, moved to keep [start, start + size) inside, clamped to the image."""
+    lo, hi = 0, total - crop
+    keep_lo, keep_hi = int(np.ceil(start + size)) - crop, int(np.floor(start))
+    if max(lo, keep_lo) <= min(hi, keep_hi):  # the box fits in the crop
+        lo, hi = max(lo, keep_lo), min(hi, keep_hi)
+    return int(min(max(round(desired), lo), hi))
+
+
+def _open_image(path: Path, max_pixels: int) -> Image.Image:
+    """Open lazily (header only) and check the size before any pixel is decoded."""
+    with _PIL_LIMIT_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        previous = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = max_pixels
+        try:
+            image = Image.open(path)
+        except Image.DecompressionBombError:
+            raise AvatarRenderError(
+                f"The reference image '{path}' is too large (over {max_pixels:,} pixels); downscale it first."
+            ) from None
+        except UnidentifiedImageError:
+            raise
+        except _DECODE_ERRORS:
+            raise AvatarRenderError(f"The reference image '{path}' is corrupt or truncated; re-export it.") from None
+        finally:
+            Image.MAX_IMAGE_PIXELS = previous
+    try:
+        _check_size(path, *image.size, max_pixels)
+    except AvatarRenderError:
+        image.close()
+        raise
+    return image
+
+
+def _check_size(path: Path, width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise AvatarRenderError(
+            f"The reference '{path}' is {width}x{height} pixels, over the limit of {max_pixels:,}; downscale it first."
+        )
+    if min(width, height) < MIN_SIDE:
+        raise AvatarRenderError(
+            f"The reference '{path}' is only {width}x{height} pixels; it must be at least {MIN_SIDE}x{MIN_SIDE}."
+        )
+
+
+def _decode_image(image: Image.Image, path: Path) -> np.ndarray:
+    try:
+        image.load()
+        ImageOps.exif_transpose(image, in_place=True)
+        image = _canonical_mode(image)
+        return _to_rgb_array(image)
+    except MemoryError:
+        raise AvatarRenderError(
+            f"There is not enough memory to decode the reference '{path}'; downscale it first."
+        ) from None
+    except _DECODE_ERRORS:
+        raise AvatarRenderError(f"The reference image '{path}' is corrupt or truncated; re-export it.") from None
+
+
+def _canonical_mode(image: Image.Image) -> Image.Image:
+    """The image in RGB, RGBA, L, LA, I;16 or I (other modes converted by Pillow)."""
+    mode = image.mode
+    if mode in ("RGB", "RGBA", "L", "LA", "I;16", "I"):
+        return image
+    if mode in ("I;16B", "I;16L", "I;16N"):
+        return image.convert("I")
+    if mode == "F":  # float: 0..1 when the maximum says so, else 0..255
+        factor = 255.0 if image.getextrema()[1] <= 1.0 else 1.0
+        return image.point(lambda v: v * factor).convert("L")
+    if mode in ("P", "PA"):
+        transparent = mode == "PA" or "transparency" in image.info or image.palette.mode == "RGBA"
+        return image.convert("RGBA" if transparent else "RGB")
+    if mode == "1":
+        return image.convert("L")
+    if mode in ("La", "RGBa"):
+        return image.convert("LA" if mode == "La" else "RGBA")
+    return image.convert("RGB")  # CMYK, YCbCr, LAB, HSV, RGBX, ...
+
+
+def _to_rgb_array(image: Image.Image) -> np.ndarray:
+    """(H, W, 3) uint8 from a canonical-mode image, converted a strip of rows at a time."""
+    width, height = image.size
+    out = np.empty((height, width, 3), np.uint8)  # (H, W, 3)
+    for top in range(0, height, _STRIP_ROWS):
+        bottom = min(top + _STRIP_ROWS, height)
+        strip = np.asarray(image.crop((0, top, width, bottom)))  # (h, W) or (h, W, C)
+        out[top:bottom] = _strip_to_rgb(strip, image.mode)
+    return out
+
+
+def _strip_to_rgb(strip: np.ndarray, mode: str) -> np.ndarray:
+    if mode in ("I;16", "I"):  # 16-bit gray (mode I from PNG/TIFF holds 0..65535)
+        strip = (np.clip(strip, 0, 65535).astype(np.uint32) * 255 + 32767) // 65535
+        strip = strip.astype(np.uint8)
+    if strip.ndim == 2:
+        return strip[:, :, None]  # broadcasts to 3 channels
+    if mode in ("LA", "RGBA"):  # composite over white
+        alpha = strip[:, :, -1:].astype(np.uint16)  # (h, W, 1)
+        color = strip[:, :, :-1].astype(np.uint16)
+        return ((color * alpha + 255 * (255 - alpha) + 127) // 255).astype(np.uint8)
+    return strip
+
+
+def _load_video_frame(path: Path, max_pixels: int, *, from_image_fallback: bool = False) -> np.ndarray:
+    """First decodable frame of the first video stream, upright, as (H, W, 3) uint8 RGB."""
+    try:
+        container = av.open(str(path))
+    except (av.FFmpegError, OSError, ValueError):
+        if from_image_fallback:
+            raise AvatarRenderError(f"'{path}' is not an image or video file that can be read.") from None
+        raise AvatarRenderError(
+            f"The reference video '{path}' cannot be opened; it is corrupt or not a video."
+        ) from None
+    with container:
+        if not container.streams.video:
+            raise AvatarRenderError(f"'{path}' has no video stream to take the face from.")
+        stream = container.streams.video[0]
+        if stream.codec_context.width and stream.codec_context.height:
+            _check_size(path, stream.codec_context.width, stream.codec_context.height, max_pixels)
+        try:
+            for frame in container.decode(stream):
+                _check_size(path, frame.width, frame.height, max_pixels)
+                rgb = frame.to_ndarray(format="rgb24")  # (H, W, 3)
+                # ``rotation`` is the display matrix's counter-clockwise angle, as phones record it.
+                turns = round((frame.rotation or 0) / 90) % 4
+                return np.ascontiguousarray(np.rot90(rgb, turns)) if turns else rgb
+        except (av.FFmpegError, OSError, ValueError):
+            pass
+    if from_image_fallback:
+        raise AvatarRenderError(f"'{path}' is not an image or video file that can be read.")
+    raise AvatarRenderError(f"The reference video '{path}' has no frame that can be decoded.")

@@ -1,0 +1,85 @@
+"""Dataclasses that flow between the pipeline and its stages, common to every backend."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from avatar_render.pipeline.schedule import ChunkPlan
+
+
+@dataclass(frozen=True)
+class RequestInput:
+    """What the init stage turns into the static conditioning of a request."""
+
+    reference: np.ndarray  # (H, W, 3) uint8 RGB, as loaded
+    reference_path: Path
+    width: int
+    height: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class StaticConditioning:
+    """Base of every backend's static conditioning: computed once, kept for the whole request."""
+
+    face_detected: bool  # False when the face position came from a fallback
+
+
+@dataclass(frozen=True)
+class ChunkInput:
+    plan: ChunkPlan
+    fps: Fraction
+    audio: np.ndarray  # (n,) float32 mono at audio_rate over [start/fps - pad, end/fps + pad)
+    audio_rate: int
+    audio_pad_s: float
+    anchors: tuple[Any, ...]  # I chunks: the generated state at plan.anchors; N chunks: ()
+    seed: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Final generated state of frames [start, end), ready to decode."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Generated:
+    """Output of the generation chain for one plan entry, frames [plan.start, plan.end)."""
+
+    plan: ChunkPlan
+
+    @abstractmethod
+    def segment(self, start: int, end: int) -> Segment:
+        """The part of this chunk covering frames [start, end)."""
+
+    @abstractmethod
+    def anchor(self, frame: int) -> Any:
+        """The state of one frame that a later I chunk pins itself to."""
+
+
+@dataclass(frozen=True)
+class Frames:
+    start: int
+    frames: np.ndarray  # (T, H, W, 3) uint8 RGB
+
+
+@dataclass(frozen=True)
+class Published:
+    """Frames that are final, with the audio that plays under them."""
+
+    plan: ChunkPlan  # the chunk whose completion made them final
+    start: int
+    frames: np.ndarray  # (T, H, W, 3) uint8
+    audio: np.ndarray  # (C, n) float32 at the output audio rate
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.frames)

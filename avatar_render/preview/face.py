@@ -1,0 +1,234 @@
+"""Where the face, eyes and mouth are in the reference image: Haar-cascade detection with proportional fallbacks.
+
+All boxes are axis-aligned, in continuous pixel coordinates (a pixel spans [i, i + 1)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from avatar_render.errors import AvatarRenderError
+from avatar_render.io.reference import Fit
+from avatar_render.pipeline.module import Module
+
+_FACE_CASCADE = "haarcascade_frontalface_alt2.xml"
+_EYE_CASCADES = ("haarcascade_eye.xml", "haarcascade_eye_tree_eyeglasses.xml")
+_DETECT_SIDE = 640  # longest side of the copy the face is searched in
+_EYE_FACE_WIDTH = 240  # the face is resampled to this width for the eye search
+
+# Proportions of a frontal face in a detector-style face box (brows to just under the mouth, cheek to
+# cheek), measured on frontal portraits; sizes of eyes and lips are fractions of the eye distance.
+_EYE_Y = 0.36  # eye centres, from the top of the box / box height
+_EYE_GAP = 0.40  # distance between the eye centres / box width
+_MOUTH_Y = 0.80  # lips centre, from the top of the box / box height
+_MOUTH_DOWN = 1.05  # lips centre below the eye midpoint / eye distance
+_EYE_W, _EYE_H = 0.46, 0.24  # eye box / eye distance
+_MOUTH_W, _MOUTH_H = 0.90, 0.30  # lips box (closed mouth) / eye distance
+_TILT_DEAD_ZONE = np.radians(5)  # eye-line tilts below this are detector noise, not head roll
+
+
+@dataclass(frozen=True)
+class Box:
+    x: float
+    y: float
+    w: float
+    h: float
+
+    @property
+    def cx(self) -> float:
+        return self.x + self.w / 2
+
+    @property
+    def cy(self) -> float:
+        return self.y + self.h / 2
+
+    @classmethod
+    def around(cls, cx: float, cy: float, w: float, h: float) -> Box:
+        return cls(float(cx - w / 2), float(cy - h / 2), float(w), float(h))
+
+    def scaled(self, fit: Fit) -> Box:
+        """Reference pixels -> output pixels."""
+        s = fit.scale
+        return Box(self.x * s - fit.offset_x, self.y * s - fit.offset_y, self.w * s, self.h * s)
+
+
+@dataclass(frozen=True)
+class FaceLayout:
+    face: Box
+    left_eye: Box  # eye on the image's left side
+    right_eye: Box
+    mouth: Box  # the lips region, closed mouth
+    detected: bool  # False when it came from the fallback or a configured box
+
+    def mapped(self, fit: Fit) -> FaceLayout:
+        """Into output pixel coordinates."""
+        return FaceLayout(
+            face=self.face.scaled(fit),
+            left_eye=self.left_eye.scaled(fit),
+            right_eye=self.right_eye.scaled(fit),
+            mouth=self.mouth.scaled(fit),
+            detected=self.detected,
+        )
+
+
+def layout_from_box(box: Box, *, detected: bool = False) -> FaceLayout:
+    """Eyes and lips placed by the proportions of a typical frontal face inside ``box``.
+
+    The box is expected framed like a frontal-face detector's: from the brows to just under the
+    mouth, cheek to cheek.
+    """
+    d = _EYE_GAP * box.w
+    eye_y = box.y + _EYE_Y * box.h
+    return FaceLayout(
+        face=box,
+        left_eye=Box.around(box.cx - d / 2, eye_y, _EYE_W * d, _EYE_H * d),
+        right_eye=Box.around(box.cx + d / 2, eye_y, _EYE_W * d, _EYE_H * d),
+        mouth=Box.around(box.cx, box.y + _MOUTH_Y * box.h, _MOUTH_W * d, _MOUTH_H * d),
+        detected=detected,
+    )
+
+
+def fallback_layout(width: int, height: int) -> FaceLayout:
+    """No face found: a plausible face box in the middle-upper part of a (height, width) image."""
+    side = 0.42 * min(width, height)
+    return layout_from_box(Box.around(width / 2, 0.4 * height, side, side))
+
+
+def _layout_with_eyes(face: Box, left: tuple[float, float], right: tuple[float, float]) -> FaceLayout:
+    """Layout from a detected face box and eye centres (image-left eye first).
+
+    Eye detections are precise on sharp portraits but noisy on soft ones, while the face box is
+    steady; the lips are placed half way between the estimates from each.
+    """
+    prior = layout_from_box(face, detected=True)
+    ex, ey = right[0] - left[0], right[1] - left[1]
+    d = float(np.hypot(ex, ey))
+    tilt = float(np.arctan2(ey, ex))
+    tilt = float(np.sign(tilt)) * max(0.0, abs(tilt) - _TILT_DEAD_ZONE)
+    # The lips lie along the face's own vertical, perpendicular to the (tilted) eye line.
+    mid_x, mid_y = (left[0] + right[0]) / 2, (left[1] + right[1]) / 2
+    lips_x = mid_x - _MOUTH_DOWN * d * np.sin(tilt)
+    lips_y = mid_y + _MOUTH_DOWN * d * np.cos(tilt)
+    size = (d + _EYE_GAP * face.w) / 2  # eye distance, steadied by the box's
+    return FaceLayout(
+        face=face,
+        left_eye=Box.around(*left, _EYE_W * size, _EYE_H * size),
+        right_eye=Box.around(*right, _EYE_W * size, _EYE_H * size),
+        mouth=Box.around(
+            (lips_x + prior.mouth.cx) / 2, (lips_y + prior.mouth.cy) / 2, _MOUTH_W * size, _MOUTH_H * size
+        ),
+        detected=True,
+    )
+
+
+class FaceDetector(Module):
+    """Largest frontal face, its eyes and lips, with OpenCV's bundled Haar cascades."""
+
+    name = "face_detector"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._face: cv2.CascadeClassifier | None = None
+        self._eyes: list[cv2.CascadeClassifier] = []
+
+    def weight_files(self) -> list[Path]:
+        root = Path(cv2.data.haarcascades)
+        return [root / _FACE_CASCADE, *(root / name for name in _EYE_CASCADES)]
+
+    def _load(self) -> None:
+        classifiers = []
+        for path in self.weight_files():
+            if not path.is_file():
+                raise AvatarRenderError(
+                    f"The face detector file '{path}' is missing; reinstall opencv-python-headless."
+                )
+            classifier = cv2.CascadeClassifier()
+            try:
+                loaded = classifier.load(str(path)) and not classifier.empty()
+            except (cv2.error, SystemError):
+                loaded = False
+            if not loaded:
+                raise AvatarRenderError(
+                    f"The face detector file '{path}' could not be loaded; reinstall opencv-python-headless."
+                )
+            classifiers.append(classifier)
+        self._face, *self._eyes = classifiers
+
+    def detect(self, image: np.ndarray) -> FaceLayout | None:
+        """Layout of the largest frontal face in an (H, W, 3) uint8 RGB image, in its pixels; None if no face."""
+        self.load()
+        assert self._face is not None
+        height, width = image.shape[:2]
+        scale = min(1.0, _DETECT_SIDE / max(height, width))
+        small = image
+        if scale < 1.0:
+            small = cv2.resize(image, (round(width * scale), round(height * scale)), interpolation=cv2.INTER_AREA)
+        small = cv2.equalizeHist(cv2.cvtColor(np.ascontiguousarray(small), cv2.COLOR_RGB2GRAY))  # (h, w)
+        min_side = max(24, round(0.05 * min(small.shape)))
+        faces = self._face.detectMultiScale(small, scaleFactor=1.1, minNeighbors=5, minSize=(min_side, min_side))
+        if len(faces) == 0:
+            return None
+        x, y, w, h = max(faces.tolist(), key=lambda f: f[2] * f[3])
+        face = Box(x / scale, y / scale, w / scale, h / scale)
+        eyes = self._find_eyes(image, face)
+        if eyes is None:
+            return layout_from_box(face, detected=True)
+        return _layout_with_eyes(face, *eyes)
+
+    def _find_eyes(self, image: np.ndarray, face: Box) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """Eye centres (image-left first) in the upper half of the face box of an RGB image, or None."""
+        x0, x1 = max(0, int(face.x)), min(image.shape[1], int(np.ceil(face.x + face.w)))
+        y0, y1 = max(0, int(face.y + 0.12 * face.h)), min(image.shape[0], int(np.ceil(face.y + 0.62 * face.h)))
+        if x1 - x0 < 8 or y1 - y0 < 8:
+            return None
+        zoom = _EYE_FACE_WIDTH / face.w
+        roi = cv2.cvtColor(np.ascontiguousarray(image[y0:y1, x0:x1]), cv2.COLOR_RGB2GRAY)  # (h, w)
+        interpolation = cv2.INTER_AREA if zoom < 1 else cv2.INTER_CUBIC
+        # No histogram equalisation here: it washes out eyes behind glasses or under a hat's shadow.
+        roi = cv2.resize(roi, (round(roi.shape[1] * zoom), round(roi.shape[0] * zoom)), interpolation=interpolation)
+        lo, hi = round(0.09 * _EYE_FACE_WIDTH), round(0.35 * _EYE_FACE_WIDTH)
+        for cascade in self._eyes:
+            found = cascade.detectMultiScale(roi, scaleFactor=1.05, minNeighbors=3, minSize=(lo, lo), maxSize=(hi, hi))
+            # Candidates as (u, v, size): centre and width in fractions of the face box.
+            candidates = [
+                (
+                    (x0 + (ex + ew / 2) / zoom - face.x) / face.w,
+                    (y0 + (ey + eh / 2) / zoom - face.y) / face.h,
+                    ew / zoom / face.w,
+                )
+                for ex, ey, ew, eh in (found.tolist() if len(found) else [])
+            ]
+            pair = _best_pair(candidates)
+            if pair is not None:
+                (lu, lv, _), (ru, rv, _) = pair
+                return (face.x + lu * face.w, face.y + lv * face.h), (face.x + ru * face.w, face.y + rv * face.h)
+        return None
+
+
+_Candidate = tuple[float, float, float]  # eye centre u, v and width, in fractions of the face box
+
+
+def _best_pair(candidates: list[_Candidate]) -> tuple[_Candidate, _Candidate] | None:
+    """The most face-like (image-left, image-right) pair of eye candidates."""
+    plausible = [c for c in candidates if 0.2 <= c[1] <= 0.55 and 0.09 <= c[2] <= 0.35]
+    best, best_cost = None, np.inf
+    for left in plausible:
+        for right in plausible:
+            gap = right[0] - left[0]
+            if not (left[0] < 0.5 < right[0] and 0.28 <= gap <= 0.55):
+                continue
+            if abs(left[1] - right[1]) > 0.12 or not 0.6 <= left[2] / right[2] <= 1 / 0.6:
+                continue
+            cost = (
+                abs(left[1] - right[1])
+                + abs((left[0] + right[0]) / 2 - 0.5)
+                + 0.5 * abs(gap - _EYE_GAP)
+                + 0.5 * abs((left[1] + right[1]) / 2 - _EYE_Y)
+            )
+            if cost < best_cost:
+                best, best_cost = (left, right), cost
+    return best

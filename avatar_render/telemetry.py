@@ -1,0 +1,81 @@
+"""Cheap, always-on measurements of a render: stage times, memory, per-chunk records."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports kilobytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def current_rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE / 2**20
+    except OSError:
+        return peak_rss_mb()
+
+
+class Telemetry:
+    """Accumulates per-stage seconds; streams one record per published chunk to a spool file
+    (so a ten-hour render keeps constant memory) that ``records()`` reads back at the end."""
+
+    def __init__(self, *, keep_records: bool) -> None:
+        self.t0 = time.perf_counter()
+        self.stage_seconds: dict[str, float] = {}
+        self._chunk_stage: dict[str, float] = {}
+        self._spool = tempfile.TemporaryFile("w+") if keep_records else None
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - t
+            self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + dt
+            self._chunk_stage[name] = self._chunk_stage.get(name, 0.0) + dt
+
+    def chunk_done(self, **fields: Any) -> None:
+        if self._spool is not None:
+            record = {**fields, "t_s": round(self.elapsed(), 4), "rss_mb": round(current_rss_mb(), 1),
+                      "stage_s": {k: round(v, 5) for k, v in self._chunk_stage.items()}}
+            self._spool.write(json.dumps(record) + "\n")
+        self._chunk_stage = {}
+
+    def records(self) -> Iterator[dict]:
+        if self._spool is None:
+            return
+        self._spool.seek(0)
+        for line in self._spool:
+            yield json.loads(line)
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+
+
+def write_report(path: Path, summary: dict, records: Iterator[dict]) -> None:
+    """Write the JSON report without holding every chunk record in memory at once."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        body = json.dumps(summary, indent=2)
+        f.write(body[:-2] + ',\n  "chunks": [')
+        for i, rec in enumerate(records):
+            f.write(("," if i else "") + "\n    " + json.dumps(rec))
+        f.write("\n  ]\n}\n")
+    os.replace(tmp, path)

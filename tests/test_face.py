@@ -1,0 +1,165 @@
+"""Face layout: detection on the example portrait, fallbacks and coordinate mapping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from avatar_render.errors import AvatarRenderError
+from avatar_render.io.reference import Fit, fit_to_frame, load_reference
+from avatar_render.preview.face import Box, FaceDetector, FaceLayout, fallback_layout, layout_from_box
+
+FACE_PNG = Path(__file__).resolve().parents[1] / "examples" / "face.png"
+
+# Measured by hand on examples/face.png (512x512): eye centres, and the lips (smiling, teeth showing).
+LEFT_EYE = (203, 100)
+RIGHT_EYE = (246, 101)
+LIPS = Box(202, 138, 44, 16)  # corner to corner, top of the upper lip to the bottom of the lower lip
+
+
+@pytest.fixture(scope="module")
+def detector() -> FaceDetector:
+    detector = FaceDetector()
+    detector.load()
+    return detector
+
+
+@pytest.fixture(scope="module")
+def portrait() -> np.ndarray:
+    return load_reference(FACE_PNG)
+
+
+@pytest.fixture(scope="module")
+def layout(detector: FaceDetector, portrait: np.ndarray) -> FaceLayout:
+    found = detector.detect(portrait)
+    assert found is not None
+    return found
+
+
+def test_face_box_is_plausible(layout: FaceLayout) -> None:
+    face = layout.face
+    assert layout.detected
+    # The cascade frames brows to just under the mouth: about x 178..270, y 69..161.
+    assert 165 <= face.x <= 190 and 255 <= face.x + face.w <= 285
+    assert 55 <= face.y <= 85 and 150 <= face.y + face.h <= 175
+
+
+def test_eyes_are_on_the_eyes(layout: FaceLayout) -> None:
+    for box, (x, y) in ((layout.left_eye, LEFT_EYE), (layout.right_eye, RIGHT_EYE)):
+        assert abs(box.cx - x) <= 4 and abs(box.cy - y) <= 4
+        assert box.x < x < box.x + box.w and box.y < y < box.y + box.h
+        assert 12 <= box.w <= 26 and 5 <= box.h <= 14
+    assert layout.left_eye.cx < layout.right_eye.cx
+
+
+def test_mouth_is_on_the_lips(layout: FaceLayout) -> None:
+    mouth, face = layout.mouth, layout.face
+    assert abs(mouth.cx - LIPS.cx) <= 4 and abs(mouth.cy - LIPS.cy) <= 4
+    assert 0.7 * LIPS.w <= mouth.w <= 1.2 * LIPS.w and 0.6 * LIPS.h <= mouth.h <= 1.3 * LIPS.h
+    assert max(layout.left_eye.y + layout.left_eye.h, layout.right_eye.y + layout.right_eye.h) < mouth.y
+    # Inside the lower third of the face box.
+    assert face.y + 2 * face.h / 3 <= mouth.cy <= face.y + face.h
+    assert face.x <= mouth.x and mouth.x + mouth.w <= face.x + face.w
+
+
+def test_detection_is_scale_invariant(detector: FaceDetector, portrait: np.ndarray, layout: FaceLayout) -> None:
+    big = cv2.resize(portrait, (1536, 1536), interpolation=cv2.INTER_CUBIC)  # searched on a downscaled copy
+    found = detector.detect(big)
+    assert found is not None
+    (face, *features), (face_ref, *features_ref) = _boxes(found), _boxes(layout)
+    assert np.allclose(np.array(face) / 3, face_ref, atol=8)  # the cascade's scale steps move the box a little
+    for a, b in zip(features, features_ref):  # eyes and lips
+        assert np.allclose(np.array(a) / 3, b, atol=4)
+
+
+def test_detection_in_a_larger_canvas(detector: FaceDetector, portrait: np.ndarray, layout: FaceLayout) -> None:
+    canvas = np.full((1000, 700, 3), 200, np.uint8)
+    canvas[300:812, 100:612] = portrait
+    found = detector.detect(canvas)
+    assert found is not None
+    assert abs(found.mouth.cx - 100 - layout.mouth.cx) <= 3 and abs(found.mouth.cy - 300 - layout.mouth.cy) <= 3
+
+
+def test_no_face(detector: FaceDetector) -> None:
+    assert detector.detect(np.full((480, 640, 3), 128, np.uint8)) is None
+    noise = np.random.default_rng(0).integers(0, 256, (240, 320, 3), dtype=np.uint8)
+    assert detector.detect(noise) is None
+
+
+def test_layout_follows_the_fitted_frame(detector: FaceDetector, portrait: np.ndarray, layout: FaceLayout) -> None:
+    f = layout.face
+    frame, fit = fit_to_frame(portrait, 384, 216, focus=(f.x, f.y, f.w, f.h))
+    mapped = layout.mapped(fit)
+    again = detector.detect(frame)
+    assert again is not None
+    assert abs(again.mouth.cx - mapped.mouth.cx) <= 4 and abs(again.mouth.cy - mapped.mouth.cy) <= 4
+    assert abs(again.left_eye.cx - mapped.left_eye.cx) <= 4 and abs(again.right_eye.cy - mapped.right_eye.cy) <= 4
+
+
+def test_weight_files_are_shipped_with_opencv() -> None:
+    detector = FaceDetector()
+    assert detector.name == "face_detector"
+    files = detector.weight_files()
+    assert files and all(p.suffix == ".xml" for p in files) and detector.missing_files() == []
+
+
+class _BrokenDetector(FaceDetector):
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def weight_files(self) -> list[Path]:
+        return [self.path]
+
+
+def test_unloadable_cascade_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(AvatarRenderError, match="missing.xml' is missing"):
+        _BrokenDetector(tmp_path / "missing.xml").load()
+    (tmp_path / "bad.xml").write_text("<opencv_storage>not a cascade")
+    with pytest.raises(AvatarRenderError, match="bad.xml' could not be loaded"):
+        _BrokenDetector(tmp_path / "bad.xml").load()
+
+
+def test_layout_from_box_geometry() -> None:
+    box = Box(100, 50, 200, 200)
+    lay = layout_from_box(box)
+    assert not lay.detected and lay.face == box
+    assert layout_from_box(box, detected=True).detected
+    left, right, mouth = lay.left_eye, lay.right_eye, lay.mouth
+    assert left.cx < box.cx < right.cx and left.cx - box.x == pytest.approx(box.x + box.w - right.cx)
+    assert left.cy == right.cy and box.y + 0.25 * box.h < left.cy < box.y + 0.5 * box.h
+    assert mouth.cx == pytest.approx(box.cx) and box.y + 2 * box.h / 3 < mouth.cy < box.y + box.h
+    assert left.y + left.h < mouth.y and mouth.x >= box.x and mouth.x + mouth.w <= box.x + box.w
+    assert right.x > left.x + left.w  # eyes do not overlap
+    assert 0.25 * box.w < mouth.w < 0.5 * box.w and mouth.h < mouth.w
+
+
+def test_fallback_layout_sits_in_the_upper_middle() -> None:
+    for width, height in ((512, 512), (1280, 720), (720, 1280)):
+        lay = fallback_layout(width, height)
+        face = lay.face
+        assert not lay.detected
+        assert face.cx == pytest.approx(width / 2) and face.cy < height / 2
+        assert 0 <= face.x and face.x + face.w <= width and 0 <= face.y and face.y + face.h <= height
+
+
+def test_box_helpers_and_mapping() -> None:
+    box = Box(10, 20, 30, 40)
+    assert (box.cx, box.cy) == (25, 40)
+    assert Box.around(25, 40, 30, 40) == box
+    fit = Fit(scale=0.5, offset_x=2, offset_y=4)
+    assert box.scaled(fit) == Box(3, 6, 15, 20)
+    lay = layout_from_box(Box(100, 100, 80, 80), detected=True)
+    mapped = lay.mapped(fit)
+    assert mapped.detected
+    for a, b in zip(_boxes(mapped), _boxes(lay)):
+        assert a == pytest.approx((b[0] * 0.5 - 2, b[1] * 0.5 - 4, b[2] * 0.5, b[3] * 0.5))
+    with pytest.raises(AttributeError):
+        box.x = 0  # type: ignore[misc]
+
+
+def _boxes(lay: FaceLayout) -> list[tuple[float, float, float, float]]:
+    return [(b.x, b.y, b.w, b.h) for b in (lay.face, lay.left_eye, lay.right_eye, lay.mouth)]

@@ -1,0 +1,139 @@
+"""The chunk loop with stand-in stages: order, anchors, audio, bounded state, type checks."""
+
+import gc
+import weakref
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
+from avatar_render.pipeline.stage import Stage
+from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment
+
+LIVE = [0]  # RampChunk objects alive
+
+
+def _dead():
+    LIVE[0] -= 1
+
+
+@dataclass(frozen=True)
+class Static:
+    value: int
+
+
+@dataclass(frozen=True)
+class Ramp(Segment):
+    values: np.ndarray  # (T,) the frame index each frame shows
+
+
+@dataclass(frozen=True)
+class RampChunk(Generated):
+    values: np.ndarray
+    seen_anchors: tuple
+
+    def __post_init__(self):
+        LIVE[0] += 1
+        weakref.finalize(self, _dead)
+
+    def segment(self, start, end) -> Ramp:
+        s = start - self.plan.start
+        return Ramp(start=start, end=end, values=self.values[s : s + end - start])
+
+    def anchor(self, frame):
+        return ("anchor", frame, float(self.values[frame - self.plan.start]))
+
+
+class Init(Stage):
+    name, input_type, output_type = "init", RequestInput, Static
+
+    def run(self, x, *, static, carry):
+        return Static(7), None
+
+
+class Gen(Stage):
+    name, input_type, output_type = "a2v", ChunkInput, RampChunk
+
+    def init_carry(self, static):
+        return 0
+
+    def run(self, x, *, static, carry):
+        p = x.plan
+        if p.kind == "I":
+            assert x.anchors == (("anchor", p.start, float(p.start)), ("anchor", p.end - 1, float(p.end - 1)))
+        assert len(x.audio) == round((p.num_frames / 25 + 2 * 0.04) * 16000)
+        values = np.arange(p.start, p.end, dtype=np.float64) + (0.5 if p.kind == "I" else 0.0)
+        return RampChunk(plan=p, values=values, seen_anchors=x.anchors), carry + (p.kind == "N")
+
+
+class Decode(Stage):
+    name, input_type, output_type = "decode", Ramp, Frames
+
+    def init_carry(self, static):
+        return -1
+
+    def run(self, x, *, static, carry):
+        assert x.start == carry + 1, "decode sees one unbroken sequence"
+        frames = np.zeros((len(x.values), 2, 2, 3), np.uint8) + (np.asarray(x.values) % 251).astype(np.uint8)[:, None, None, None]
+        return Frames(start=x.start, frames=frames), x.end - 1
+
+
+class FakeAudio:
+    """total frames of 1-channel audio at 100 samples per frame."""
+
+    def __init__(self, total):
+        self.total, self.total_frames, self.released = total, None, 0
+
+    def probe(self, upto):
+        if upto >= self.total:
+            self.total_frames = self.total
+        return min(upto, self.total)
+
+    def model_audio(self, start, end, *, pad_s=0.0):
+        return np.zeros(round(((end - start) / 25 + 2 * pad_s) * 16000), np.float32)
+
+    def output_audio(self, start, end):
+        return np.full((1, (end - start) * 100), start, np.float32)
+
+    def release(self, before):
+        assert before >= self.released
+        self.released = before
+
+
+def make(chunk=10, trans=4, ctx=2):
+    return Pipeline(init=Init(), generate=(Gen(),), decode=Decode(), sizes=ChunkSizes(chunk, ctx, trans),
+                    fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04)
+
+
+@pytest.mark.parametrize("total,chunk,trans", [(1, 10, 4), (10, 10, 4), (11, 10, 4), (95, 10, 4), (95, 10, 0), (333, 16, 7)])
+def test_stream_publishes_each_frame_once_in_order(total, chunk, trans):
+    pipe = make(chunk, trans)
+    pubs = list(pipe.stream(Static(1), FakeAudio(total), seed=0))
+    values = np.concatenate([p.frames[:, 0, 0, 0] for p in pubs])
+    starts = [p.start for p in pubs]
+    assert starts == sorted(starts) and pubs[0].start == 0 and pubs[-1].end == total
+    assert all(a.end == b.start for a, b in zip(pubs, pubs[1:]))
+    assert len(values) == total
+    # I chunks replace the seam frames (x.5 values), N chunks the rest
+    audio = np.concatenate([p.audio for p in pubs], axis=1)
+    assert audio.shape == (1, total * 100)
+
+
+def test_retained_chunks_do_not_grow_with_length():
+    pipe = make(chunk=8, trans=4)
+    most = 0
+    for _ in pipe.stream(Static(1), FakeAudio(8 * 300), seed=0):
+        gc.collect()
+        most = max(most, LIVE[0])
+    assert most <= 2, f"{most} generated chunks alive at once"
+
+
+def test_wiring_with_wrong_types_is_refused_at_build():
+    with pytest.raises(TypeError, match="takes"):
+        Pipeline(init=Init(), generate=(Gen(), Gen()), decode=Decode(), sizes=ChunkSizes(10, 2, 4),
+                 fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04)
+    with pytest.raises(TypeError, match="ends in"):
+        Pipeline(init=Init(), generate=(), decode=Decode(), sizes=ChunkSizes(10, 2, 4),
+                 fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04)
