@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Install avatar-render with its test dependencies into .venv (CPU only) and run the test suite.
+# Install avatar-render with its test and model dependencies into .venv (PyTorch CPU build on a
+# machine without a GPU) and run the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_venv.sh
-python -m pip install -q -e ".[test]"
+. scripts/_torch.sh
+python -m pip install -q -e ".[test,model]"
 python -m pytest "$@"

@@ -34,17 +34,20 @@ CASES = [
 
 
 @pytest.mark.parametrize("total,chunk,trans,ctx", CASES)
-def test_every_frame_published_once_in_order(total, chunk, trans, ctx):
-    plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx)
+@pytest.mark.parametrize("lead", [0, 1, 3])
+def test_every_frame_published_once_in_order(total, chunk, trans, ctx, lead):
+    plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx, lead_frames=lead)
     assert simulate_publication(plan) == list(range(total))
     assert sum(e.last for e in plan) == 1 and plan[-1].last
 
 
 @pytest.mark.parametrize("total,chunk,trans,ctx", CASES)
-def test_n_and_i_structure(total, chunk, trans, ctx):
-    plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx)
+@pytest.mark.parametrize("lead", [0, 1])
+def test_n_and_i_structure(total, chunk, trans, ctx, lead):
+    plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx, lead_frames=lead)
     ns = [e for e in plan if e.kind == "N"]
-    assert [(e.start, e.end) for e in ns] == [(s, min(s + chunk, total)) for s in range(0, total, chunk)]
+    bounds = [0] + list(range(lead + chunk, total, chunk)) + [total]
+    assert [(e.start, e.end) for e in ns] == list(zip(bounds, bounds[1:]))
     done = {}
     for pos, e in enumerate(plan):
         if e.kind == "N":
@@ -64,7 +67,7 @@ def test_n_and_i_structure(total, chunk, trans, ctx):
             # anchors are never regenerated: they are published by the N chunks that made them
             assert left.publish_start <= a0 < left.publish_end
             assert right.publish_start <= a1 < right.publish_end
-    if trans == 0 or total <= chunk:
+    if trans == 0 or total <= chunk + lead:
         assert all(e.kind == "N" for e in plan)
     else:
         kinds = "".join(e.kind for e in plan)
@@ -78,6 +81,12 @@ def test_n_and_i_structure(total, chunk, trans, ctx):
 def test_short_audio_is_one_n_chunk():
     (only,) = plan_for(10, chunk_frames=33, transition_frames=8)
     assert (only.kind, only.start, only.end, only.publish_start, only.publish_end, only.last) == ("N", 0, 10, 0, 10, True)
+
+
+def test_lead_frames_align_chunks_to_a_latent_grid():
+    plan = plan_for(200, chunk_frames=72, transition_frames=8, context_frames=9, lead_frames=1)
+    assert [(e.kind, e.start, e.end) for e in plan if e.kind == "N"] == [("N", 0, 73), ("N", 73, 145), ("N", 145, 200)]
+    assert all((e.publish_start - 1) % 4 == 0 for e in plan if e.publish_start)  # 1 + 4k: latent starts
 
 
 def test_one_frame_more_than_a_chunk():

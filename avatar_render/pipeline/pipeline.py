@@ -32,6 +32,7 @@ class ChunkSizes:
     chunk_frames: int
     context_frames: int
     transition_frames: int
+    lead_frames: int = 0  # extra frames in N0, to align chunks to a backend's latent grid
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class Pipeline:
             chunk_frames=self.sizes.chunk_frames,
             transition_frames=self.sizes.transition_frames,
             context_frames=self.sizes.context_frames,
+            lead_frames=self.sizes.lead_frames,
             frames_upto=audio.probe,
         )
         for plan in plans:
