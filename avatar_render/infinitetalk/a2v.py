@@ -1,0 +1,84 @@
+"""The A2V stage: flow-matching sampling of one chunk's latents.
+
+N chunks pin their leading latents to the context (the reference latent for N0, the previous chunk's
+last latents afterwards) at every step, as the family injects motion frames. I chunks pin both ends:
+the anchor latent of N(k) in front and the anchor latent of N(k+1) behind, and regenerate between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from avatar_render.infinitetalk.grid import latent_of
+from avatar_render.infinitetalk.types import AudioWindow, LatentChunk, ModelStatic
+from avatar_render.models.sampler import SamplerConfig, sample
+from avatar_render.pipeline.module import Module
+from avatar_render.pipeline.stage import Stage
+
+
+@dataclass(frozen=True)
+class ContextCarry:
+    latents: Optional[torch.Tensor]  # [16, m, h, w]: the last latents of the latest N chunk (None before N0)
+
+
+def pinned(kind: str, carry: ContextCarry, static: ModelStatic, anchors: tuple) -> tuple[torch.Tensor, int]:
+    """The latents held fixed in front of a chunk ([16, m, h, w]) and how many sit behind it (0 or 1)."""
+    if kind == "I":
+        return anchors[0], 1
+    return (static.ref_latent if carry.latents is None else carry.latents), 0
+
+
+class A2VStage(Stage[AudioWindow, LatentChunk]):
+    name = "a2v"
+    input_type = AudioWindow
+    output_type = LatentChunk
+
+    def __init__(self, *, dit: Module, sampler: SamplerConfig, context_latents: int) -> None:
+        self.dit = dit  # a module whose .model is the WanAudioDiT
+        self.sampler = sampler
+        self.context_latents = context_latents  # m: latents of the previous chunk that condition the next
+
+    def modules(self) -> tuple[Module, ...]:
+        return (self.dit,)
+
+    def init_carry(self, static: Any) -> ContextCarry:
+        return ContextCarry(latents=None)
+
+    def run(self, x: AudioWindow, *, static: ModelStatic, carry: ContextCarry) -> tuple[LatentChunk, ContextCarry]:
+        plan = x.chunk.plan
+        front, n_back = pinned(plan.kind, carry, static, x.chunk.anchors)
+        back = x.chunk.anchors[1] if n_back else None
+        noise = x.noise
+        n = noise.shape[1]
+        m = front.shape[1]
+        model = self.dit.model
+        dtype = next(model.parameters()).dtype
+        device = next(model.parameters()).device
+        cond = static.cond[:, :, :n].to(device, dtype)
+        audio = x.features.to(device, dtype)
+        zero_audio = torch.zeros_like(audio)
+        texts = {"cond": static.text, "no_text": static.text_null, "uncond": static.text_null, "no_audio": static.text}
+
+        def pin(z: torch.Tensor) -> torch.Tensor:
+            z = z.clone()
+            z[:, :m] = front.to(z)
+            if back is not None:
+                z[:, -1:] = back.to(z)
+            return z
+
+        def predict(z: torch.Tensor, t: torch.Tensor, name: str) -> torch.Tensor:
+            inp = torch.cat([z.to(device, dtype)[None], cond], dim=1)  # [1, 36, n, h, w]
+            a = zero_audio if name in ("uncond", "no_audio") else audio
+            with torch.no_grad():
+                v = model(inp, t.to(device), texts[name].to(device, dtype), static.clip_fea.to(device, dtype), a)
+            return v[0].float()
+
+        latents = sample(self.sampler, noise=noise.float().to(device), predict=predict, pin=pin).cpu()
+        if plan.kind == "I":
+            return LatentChunk(plan=plan, latents=latents, first_latent=latent_of(plan.start)), carry
+        new = latents if plan.start == 0 else latents[:, m:]  # N0 publishes its reference latent as frame 0
+        out = LatentChunk(plan=plan, latents=new, first_latent=latent_of(plan.start))
+        return out, ContextCarry(latents=new[:, -self.context_latents :].clone())

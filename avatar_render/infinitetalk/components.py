@@ -1,0 +1,116 @@
+"""The five modules of the diffusion backend, configured from ``cfg.model`` and located in a local
+folder in the family's published layout (or given random weights when ``model.root`` is unset)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from avatar_render.config import ModelConfig
+from avatar_render.errors import AvatarRenderError
+from avatar_render.models.audio_encoder import TINY_WAV2VEC2, AudioEncoder
+from avatar_render.models.checkpoints import find_audio_module, read_dit_weights, resolve_base_files
+from avatar_render.models.dit import DiTConfig, WanAudioDiT
+from avatar_render.models.image_encoder import ImageEncoder, ImageEncoderConfig
+from avatar_render.models.text_encoder import TextEncoder, TextEncoderConfig
+from avatar_render.models.vae import VaeConfig, WanVae
+from avatar_render.models.weights import TorchModule
+
+WAV2VEC_DIR = "chinese-wav2vec2-base"  # the audio encoder the family uses, beside or inside the model folder
+
+
+class DiTModule(TorchModule):
+    """The A2V transformer: Wan-native or diffusers base weights + the audio-module file + LoRAs."""
+
+    name = "dit"
+    what = "A2V transformer"
+
+    def __init__(self, config: DiTConfig, *, root: Optional[Path], audio_module: Optional[Path],
+                 loras: tuple[tuple[Path, float], ...] = (), device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> None:
+        super().__init__(device=device, dtype=dtype, seed=seed)
+        self.config, self.root, self.audio_module, self.loras = config, root, audio_module, loras
+
+    def weight_files(self) -> list[Path]:
+        if self.root is None:
+            return []
+        files = list(resolve_base_files(self.root))
+        return files + ([self.audio_module] if self.audio_module else []) + [p for p, _ in self.loras]
+
+    def build(self) -> nn.Module:
+        return WanAudioDiT(self.config)
+
+    def read_weights(self, net: nn.Module) -> None:
+        read_dit_weights(net, self.root, audio=self.audio_module, dtype=self.dtype, loras=self.loras)
+
+    @property
+    def model(self) -> WanAudioDiT:
+        assert self.net is not None, "load the DiT first"
+        return self.net  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Components:
+    dit: DiTModule
+    vae: WanVae
+    text: TextEncoder
+    image: ImageEncoder
+    audio: AudioEncoder
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise AvatarRenderError(f"model.device={name} was asked for, but no CUDA device is visible; use model.device=cpu.")
+    return torch.device(name)
+
+
+@dataclass(frozen=True)
+class Architectures:
+    dit: DiTConfig
+    vae: VaeConfig
+    text: TextEncoderConfig
+    image: ImageEncoderConfig
+    audio: Optional[dict]  # wav2vec2 config overrides; None = read from the model folder (or wav2vec2-base)
+
+
+def architectures(size: str) -> Architectures:
+    if size == "tiny":
+        audio, text, image = dict(TINY_WAV2VEC2), TextEncoderConfig.tiny(), ImageEncoderConfig.tiny()
+        dit = dataclasses.replace(DiTConfig.tiny(), clip_dim=image.hidden_size, text_dim=text.d_model,
+                                  audio_layers=audio["num_hidden_layers"], audio_dim=audio["hidden_size"])
+        return Architectures(dit=dit, vae=VaeConfig.tiny(), text=text, image=image, audio=audio)
+    return Architectures(dit=DiTConfig.infinitetalk_14b(), vae=VaeConfig(), text=TextEncoderConfig(), image=ImageEncoderConfig(), audio=None)
+
+
+def make_components(m: ModelConfig, *, seed: int) -> Components:
+    device = resolve_device(m.device)
+    dtype = getattr(torch, m.dtype)
+    root = Path(m.root).expanduser() if m.root else None
+    if root is not None and not root.is_dir():
+        raise AvatarRenderError(f"model.root '{root}' is not a folder; point it at the downloaded model folder.")
+    arch = architectures(m.size)
+    audio_cfg, text_cfg, image_cfg, vae_cfg, dit_cfg = arch.audio, arch.text, arch.image, arch.vae, arch.dit
+    wav2vec = None
+    if root is not None:
+        wav2vec = next((p for p in (root / WAV2VEC_DIR, root.parent / WAV2VEC_DIR) if p.is_dir()), root / WAV2VEC_DIR)
+    audio_module = None
+    if m.audio_module:
+        audio_module = Path(m.audio_module).expanduser()
+    elif root is not None:  # in the folder, or where the family's download puts it beside the folder
+        audio_module = find_audio_module(root) or find_audio_module(root.parent / "InfiniteTalk")
+    loras = ((Path(m.lora).expanduser(), m.lora_scale),) if m.lora else ()
+    kw = dict(device=device, seed=seed)
+    return Components(
+        dit=DiTModule(dit_cfg, root=root, audio_module=audio_module, loras=loras, dtype=dtype, **kw),
+        vae=WanVae(vae_cfg, path=root, dtype=torch.float32, **kw),
+        text=TextEncoder(text_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, **kw),
+        image=ImageEncoder(image_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, **kw),
+        audio=AudioEncoder(path=wav2vec, config=audio_cfg, dtype=torch.float32, **kw),
+    )

@@ -1,0 +1,152 @@
+"""Init, context and decode stages of the diffusion backend (the A2V stage is in a2v.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from avatar_render.infinitetalk.grid import frames_in, latent_of, latents_for
+from avatar_render.infinitetalk.types import AudioWindow, LatentSegment, ModelStatic
+from avatar_render.io.reference import fit_to_frame
+from avatar_render.models.audio_encoder import AudioEncoder
+from avatar_render.models.image_encoder import ImageEncoder
+from avatar_render.models.text_encoder import TextEncoder
+from avatar_render.models.vae import StreamingDecoder, WanVae
+from avatar_render.pipeline.module import Module
+from avatar_render.pipeline.stage import Stage
+from avatar_render.pipeline.types import ChunkInput, Frames, RequestInput
+from avatar_render.preview.face import FaceDetector
+
+AUDIO_MARGIN_S = 0.2  # audio the encoder sees beyond a chunk's model frames, on each side
+
+
+def to_pixels(image: np.ndarray) -> torch.Tensor:
+    """(H, W, 3) uint8 -> [1, 3, 1, H, W] float32 in [-1, 1]."""
+    return torch.from_numpy(image).permute(2, 0, 1)[None, :, None].float() / 127.5 - 1.0
+
+
+def to_uint8(frames: torch.Tensor) -> np.ndarray:
+    """[1, 3, T, H, W] in [-1, 1] -> (T, H, W, 3) uint8."""
+    return ((frames[0].permute(1, 2, 3, 0).clamp(-1, 1) + 1) * 127.5 + 0.5).to(torch.uint8).cpu().numpy()
+
+
+def prompt_embedding(text: TextEncoder, prompt: str) -> torch.Tensor:
+    """[1, L, text_dim]. Random-weight runs without a tokenizer use the prompt's bytes as token ids."""
+    if text.tokenizer is not None:
+        return text.encode(prompt)
+    vocab = text.config.vocab_size
+    ids = torch.tensor([[b % (vocab - 2) + 2 for b in prompt.encode()] + [1]])
+    return text.encode_ids(ids)
+
+
+class ModelInit(Stage[RequestInput, ModelStatic]):
+    name = "init"
+    input_type = RequestInput
+    output_type = ModelStatic
+
+    def __init__(self, *, vae: WanVae, text: TextEncoder, image: ImageEncoder, prompt: str, negative_prompt: str, max_latents: int) -> None:
+        self.vae, self.text, self.image = vae, text, image
+        self.prompt, self.negative_prompt = prompt, negative_prompt
+        self.max_latents = max_latents  # the longest chunk, in latents
+        self.detector = FaceDetector()
+
+    def modules(self) -> tuple[Module, ...]:
+        return (self.detector, self.vae, self.text, self.image)
+
+    def run(self, x: RequestInput, *, static: Any, carry: Any) -> tuple[ModelStatic, None]:
+        layout = self.detector.detect(x.reference)
+        focus = None if layout is None else (layout.face.x, layout.face.y, layout.face.w, layout.face.h)
+        image, _ = fit_to_frame(x.reference, x.width, x.height, focus=focus)
+        pixels = to_pixels(image)  # [1, 3, 1, H, W]
+        with torch.no_grad():
+            frames = torch.cat([pixels, pixels.new_zeros(1, 3, frames_in(self.max_latents) - 1, *pixels.shape[-2:])], dim=2)
+            latents = self.vae.encode(frames).cpu()  # [1, 16, n, h, w]
+            mask = torch.zeros(1, 4, latents.shape[2], *latents.shape[-2:])
+            mask[:, :, 0] = 1.0  # the I2V mask marks the first frame only
+            clip = self.image.encode(pixels[:, :, 0]).cpu()
+            text = prompt_embedding(self.text, self.prompt).cpu()
+            text_null = prompt_embedding(self.text, self.negative_prompt).cpu()
+        for once in (self.text, self.image):  # they run once per request
+            once.offload()
+        flat = pixels[0, :, 0].reshape(3, -1)
+        return ModelStatic(
+            face_detected=layout is not None and layout.detected,
+            cond=torch.cat([mask, latents], dim=1), ref_latent=latents[0, :, :1].clone(), clip_fea=clip,
+            text=text, text_null=text_null, ref_mean=flat.mean(1), ref_std=flat.std(1),
+        ), None
+
+
+def model_frames(x: ChunkInput, context_latents: int) -> tuple[int, int, int]:
+    """(first video frame, video frames, latents) the model sees for this chunk, context included."""
+    plan = x.plan
+    if plan.kind == "I":
+        n = latent_of(plan.end - 1) - latent_of(plan.start) + 1
+        return plan.start, frames_in(n), n
+    a, b = latents_for(plan.start, plan.end)
+    m = 0 if plan.start == 0 else context_latents
+    return plan.start - (frames_in(m) if m else 0), frames_in(m + b - a), m + b - a
+
+
+class AudioContext(Stage[ChunkInput, AudioWindow]):
+    """Audio features for every frame the model sees in this chunk, and the chunk's noise."""
+
+    name = "context"
+    input_type = ChunkInput
+    output_type = AudioWindow
+
+    def __init__(self, *, audio: AudioEncoder, context_latents: int, latent_hw: tuple[int, int]) -> None:
+        self.audio = audio
+        self.context_latents = context_latents
+        self.latent_hw = latent_hw
+
+    def modules(self) -> tuple[Module, ...]:
+        return (self.audio,)
+
+    def run(self, x: ChunkInput, *, static: Any, carry: Any) -> tuple[AudioWindow, None]:
+        first, num_frames, num_latents = model_frames(x, self.context_latents)
+        rate, fps = x.audio_rate, float(x.fps)
+        # x.audio starts at plan.start/fps - pad; cut [first/fps - margin, (first + num_frames)/fps + margin)
+        lo = round((x.audio_pad_s + (first - x.plan.start) / fps - AUDIO_MARGIN_S) * rate)
+        hi = lo + round((num_frames / fps + 2 * AUDIO_MARGIN_S) * rate)
+        window = np.zeros(hi - lo, np.float32)
+        src = x.audio[max(lo, 0) : max(min(hi, len(x.audio)), 0)]
+        window[max(-lo, 0) : max(-lo, 0) + len(src)] = src
+        feats = self.audio.encode(window, num_frames=num_frames, pad_s=AUDIO_MARGIN_S, first_frame=first)
+        g = torch.Generator().manual_seed((x.seed * 1_000_003 + 2 * x.plan.index + (x.plan.kind == "I")) % 2**63)
+        noise = torch.randn(16, num_latents, *self.latent_hw, generator=g)
+        return AudioWindow(chunk=x, first_frame=first, features=feats[None], noise=noise), None
+
+
+class LatentDecode(Stage[LatentSegment, Frames]):
+    """Causal VAE decode of the published latent stream, the decoder's cache carried across chunks."""
+
+    name = "decode"
+    input_type = LatentSegment
+    output_type = Frames
+
+    def __init__(self, *, vae: WanVae, colour_guard: float) -> None:
+        self.vae = vae
+        self.colour_guard = colour_guard
+
+    def modules(self) -> tuple[Module, ...]:
+        return (self.vae,)
+
+    def init_carry(self, static: Any) -> Any:
+        return StreamingDecoder(self.vae).start()
+
+    def run(self, x: LatentSegment, *, static: ModelStatic, carry: Any) -> tuple[Frames, Any]:
+        frames, cache = StreamingDecoder(self.vae).decode(x.latents[None], carry)
+        frames = frames[:, :, : x.end - x.start].cpu()
+        if self.colour_guard > 0:
+            frames = anchor_colour(frames, static.ref_mean, static.ref_std, self.colour_guard)
+        return Frames(start=x.start, frames=to_uint8(frames)), cache
+
+
+def anchor_colour(frames: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, strength: float) -> torch.Tensor:
+    """Pull each frame's per-channel mean and spread towards the reference's. frames: [1, 3, T, H, W]."""
+    flat = frames.flatten(3)
+    m, s = flat.mean(3, keepdim=True), flat.std(3, keepdim=True).clamp_min(1e-4)
+    target = (flat - m) / s * std.view(1, 3, 1, 1) + mean.view(1, 3, 1, 1)
+    return (flat + strength * (target - flat)).view_as(frames).clamp(-1, 1)

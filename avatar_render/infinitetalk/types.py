@@ -1,0 +1,50 @@
+"""Dataclasses passed between the stages of the diffusion backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from avatar_render.infinitetalk.grid import latent_of, latents_for
+from avatar_render.pipeline.types import ChunkInput, Generated, Segment, StaticConditioning
+
+
+@dataclass(frozen=True)
+class ModelStatic(StaticConditioning):
+    """Computed once per request and kept to the end."""
+
+    cond: torch.Tensor  # [1, 20, n, h, w]: 4 first-frame mask channels + VAE latents of (reference, zeros...)
+    ref_latent: torch.Tensor  # [16, 1, h, w]: the reference frame as the first latent of N0
+    clip_fea: torch.Tensor  # [1, 257, clip_dim]: CLIP features of the reference
+    text: torch.Tensor  # [1, L, text_dim]: the prompt
+    text_null: torch.Tensor  # [1, L, text_dim]: the negative prompt
+    ref_mean: torch.Tensor  # [3]: per-channel mean of the reference in [-1, 1], for the colour guard
+    ref_std: torch.Tensor  # [3]
+
+
+@dataclass(frozen=True)
+class AudioWindow:
+    chunk: ChunkInput
+    first_frame: int  # video frame of the first model frame (context frames included)
+    features: torch.Tensor  # [1, F_model, window, layers, dim]: audio features per model frame
+    noise: torch.Tensor  # [16, n_model, h, w]
+
+
+@dataclass(frozen=True)
+class LatentSegment(Segment):
+    latents: torch.Tensor  # [16, n, h, w]: final latents of frames [start, end) (the last may reach past end)
+
+
+@dataclass(frozen=True)
+class LatentChunk(Generated):
+    latents: torch.Tensor  # [16, n, h, w]: global latents [first_latent, first_latent + n)
+    first_latent: int
+
+    def segment(self, start: int, end: int) -> LatentSegment:
+        a, b = latents_for(start, end)
+        return LatentSegment(start=start, end=end, latents=self.latents[:, a - self.first_latent : b - self.first_latent].clone())
+
+    def anchor(self, frame: int) -> torch.Tensor:
+        i = latent_of(frame) - self.first_latent
+        return self.latents[:, i : i + 1].clone()  # [16, 1, h, w]

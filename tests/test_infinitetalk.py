@@ -1,0 +1,93 @@
+"""The diffusion backend end to end at the tiny size: random weights, and a model folder in the
+published layout read through the real loaders. Same classes as the full-size model."""
+
+import math
+import os
+from pathlib import Path
+
+import av
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from avatar_render.api import RenderRequest, render
+from avatar_render.config import load_config
+from avatar_render.errors import AvatarRenderError
+from avatar_render.infinitetalk.components import architectures
+from avatar_render.models.dit import build_dit, materialize_random
+from tests.media import speech_like, write_audio
+from tests.model_assets import write_clip, write_umt5, write_vae, write_wav2vec2
+from tests.test_checkpoints import is_audio, write_sharded
+
+TINY = ("-c", "configs/tiny.yaml")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(*overrides):
+    return load_config(ROOT / "configs" / "tiny.yaml", overrides)
+
+
+def frames_of(path: Path) -> int:
+    with av.open(str(path)) as c:
+        return sum(1 for _ in c.decode(video=0))
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory) -> Path:
+    return write_audio(tmp_path_factory.mktemp("a") / "s.wav", speech_like(1.5, 16000), 16000)
+
+
+@pytest.mark.parametrize("transition", [0, 8])
+def test_tiny_random_weights_render(tmp_path, face_png, speech, transition):
+    cfg = tiny_config("model.steps=2", f"chunk.transition_frames={transition}")
+    out = tmp_path / "o.mp4"
+    rep = render(RenderRequest(reference=face_png, audio=speech, output=out, config=cfg, report=tmp_path / "r.json"))
+    assert rep.frames == frames_of(out) == math.ceil(1.5 * 25)
+    import json
+
+    chunks = json.loads((tmp_path / "r.json").read_text())["chunks"]
+    kinds = {c["kind"] for c in chunks}
+    assert kinds == ({"N", "I"} if transition else {"N"})
+    assert [c["start"] for c in chunks] == sorted(c["start"] for c in chunks)
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> Path:
+    """The family's download layout: Wan2.1-I2V-14B-480P/ (DiT shards + index, VAE, umT5 + tokenizer,
+    CLIP), InfiniteTalk/single/infinitetalk.safetensors and chinese-wav2vec2-base/ beside it."""
+    top = tmp_path_factory.mktemp("weights")
+    root = top / "Wan2.1-I2V-14B-480P"
+    arch = architectures("tiny")
+    weights = materialize_random(build_dit(arch.dit), seed=3).state_dict()
+    write_sharded(root, {k: v.contiguous() for k, v in weights.items() if not is_audio(k)})
+    (top / "InfiniteTalk" / "single").mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in weights.items() if is_audio(k)}, str(top / "InfiniteTalk" / "single" / "infinitetalk.safetensors"))
+    write_vae(root, "wan")
+    write_umt5(root, "wan")
+    write_clip(root, "wan")
+    write_wav2vec2(top / "chinese-wav2vec2-base")
+    return root
+
+
+def test_tiny_model_folder_in_the_published_layout(tmp_path, face_png, speech, model_folder):
+    cfg = tiny_config("model.steps=1", f"model.root={model_folder}")
+    out = tmp_path / "o.mp4"
+    rep = render(RenderRequest(reference=face_png, audio=speech, output=out, config=cfg))
+    assert rep.frames == frames_of(out) == math.ceil(1.5 * 25)
+
+
+def test_missing_and_mismatched_weights_are_one_sentence(tmp_path, face_png, speech, model_folder):
+    with pytest.raises(AvatarRenderError, match="not a folder"):
+        render(RenderRequest(reference=face_png, audio=speech, output=tmp_path / "a.mp4",
+                             config=tiny_config(f"model.root={tmp_path / 'nowhere'}")))
+    with pytest.raises(AvatarRenderError, match="does not match this model size|shape"):
+        render(RenderRequest(reference=face_png, audio=speech, output=tmp_path / "b.mp4",
+                             config=tiny_config(f"model.root={model_folder}", "model.size=14b")))
+    assert not (tmp_path / "a.mp4").exists() and not (tmp_path / "b.mp4").exists()
+
+
+def test_backend_size_rules_are_config_errors(tmp_path, face_png, speech):
+    for bad, key in [("chunk.chunk_frames=18", "chunk.chunk_frames"), ("chunk.context_frames=4", "chunk.context_frames"),
+                     ("video.width=72", "video.width")]:
+        with pytest.raises(AvatarRenderError, match=key.replace(".", r"\.")):
+            render(RenderRequest(reference=face_png, audio=speech, output=tmp_path / "c.mp4", config=tiny_config(bad)))
