@@ -23,7 +23,8 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def diagnose() -> list[Check]:
+def diagnose(cfg=None) -> list[Check]:
+    """Everything below; with a config whose backend is ``infinitetalk``, also its model files."""
     checks = [Check("versions", "python", True, platform.python_version())]
     for dist in ("avatar-render", "numpy", "av", "opencv-python-headless", "pillow", "omegaconf", "typer", "rich", "torch"):
         v = _version(dist)
@@ -34,8 +35,31 @@ def diagnose() -> list[Check]:
     preview_ok = all(c.ok for c in codecs) and _cascades_present()
     why = "runs on the CPU, no weights needed" if preview_ok else "needs the libx264 and aac encoders and OpenCV's face cascades"
     checks.append(Check("backends", "preview", preview_ok, why))
-    checks.append(Check("backends", "infinitetalk", False, "not available in this version of avatar-render"))
+    checks += _infinitetalk(cfg)
     return checks
+
+
+def _infinitetalk(cfg) -> list[Check]:
+    missing = [m for m in ("torch", "diffusers", "transformers", "safetensors") if _version(m) is None]
+    if missing:
+        return [Check("backends", "infinitetalk", False, f"needs {', '.join(missing)}: pip install -e '.[model]'")]
+    if cfg is None or cfg.backend != "infinitetalk" or not cfg.model.root:
+        return [Check("backends", "infinitetalk", True,
+                      "installed; give -c configs/infinitetalk-480p.yaml model.root=FOLDER to check its weight files")]
+    from avatar_render.infinitetalk.components import make_components
+
+    comps = make_components(cfg.model, seed=0)
+    out = []
+    for module in (comps.dit, comps.vae, comps.text, comps.image, comps.audio):
+        files = module.weight_files()
+        gone = module.missing_files()
+        for f in files:
+            out.append(Check("model files", module.name, f not in gone, f"{'present' if f not in gone else 'MISSING'}: {f}"))
+        if not files:
+            out.append(Check("model files", module.name, False, "no weight files found for it"))
+    ok = all(c.ok for c in out)
+    out.append(Check("backends", "infinitetalk", ok, "all weight files present" if ok else "weight files missing (see above)"))
+    return out
 
 
 def _codecs() -> list[Check]:

@@ -39,7 +39,10 @@ class DiTModule(TorchModule):
     def weight_files(self) -> list[Path]:
         if self.root is None:
             return []
-        files = list(resolve_base_files(self.root))
+        try:
+            files = list(resolve_base_files(self.root))
+        except AvatarRenderError:  # nothing there: name the file the family publishes
+            files = [self.root / "diffusion_pytorch_model.safetensors.index.json"]
         return files + ([self.audio_module] if self.audio_module else []) + [p for p, _ in self.loras]
 
     def build(self) -> nn.Module:
