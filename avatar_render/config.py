@@ -16,7 +16,11 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from avatar_render.errors import AvatarRenderError
 
-BACKENDS = ("preview",)
+BACKENDS = ("preview", "infinitetalk")
+MODEL_SIZES = ("tiny", "14b")
+DTYPES = ("float32", "bfloat16", "float16")
+CONTEXT_MODES = ("latents", "reencode")
+SR_MODES = ("none", "latent2x")
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,32 @@ class PreviewConfig:
 
 
 @dataclass(frozen=True)
+class ModelConfig:
+    """The diffusion backend (Wan2.1 I2V + audio cross-attention: InfiniteTalk, MultiTalk, FlashTalk)."""
+
+    root: Optional[str] = None  # local folder with the published weights; None = random weights (tiny, speed tests)
+    size: str = "14b"  # architecture: 14b | tiny
+    dtype: str = "bfloat16"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    fps: float = 25.0
+    steps: int = 40
+    shift: float = 5.0  # timestep shift; the family suggests 3 at 480p
+    text_scale: float = 5.0
+    audio_scale: float = 4.0
+    prompt: str = "A person is talking naturally, with clear lip movements."
+    negative_prompt: str = ""
+    audio_module: Optional[str] = None  # the audio-module safetensors; None = look for infinitetalk.safetensors in root
+    lora: Optional[str] = None  # a LoRA safetensors file merged at load (e.g. a few-step distillation)
+    lora_scale: float = 1.0
+    context_mode: str = "latents"  # how the previous chunk conditions the next: its latents as they are, or re-encoded frames
+    sr: str = "none"  # super-resolution: none | latent2x
+    colour_guard: float = 0.0  # 0..1: pull each chunk's colour statistics towards the reference
+
+
+@dataclass(frozen=True)
 class RunConfig:
     queue_chunks: int = 4  # chunks the writer may hold before generation waits
+    no_face: str = "warn"  # no face found in the reference: warn (face assumed at the centre) | error
 
 
 @dataclass(frozen=True)
@@ -56,12 +84,13 @@ class Config:
     video: VideoConfig = field(default_factory=VideoConfig)
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     preview: PreviewConfig = field(default_factory=PreviewConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     @property
     def fps(self) -> Fraction:
         """The output frame rate of the selected backend, exact (29.97 becomes 30000/1001)."""
-        fps = self.preview.fps
+        fps = self.preview.fps if self.backend == "preview" else self.model.fps
         ntsc = round(fps * 1.001)
         if abs(fps - round(fps)) > 1e-6 and abs(fps - ntsc / 1.001) < 0.005:
             return Fraction(ntsc * 1000, 1001)
@@ -136,6 +165,15 @@ def validate(cfg: Config) -> None:
             "must be [x, y, width, height] with a positive width and height",
         ),
         (cfg.run.queue_chunks >= 1, "run.queue_chunks", "must be at least 1"),
+        (cfg.run.no_face in ("warn", "error"), "run.no_face", "must be warn or error"),
+        (cfg.model.size in MODEL_SIZES, "model.size", f"must be one of {', '.join(MODEL_SIZES)}"),
+        (cfg.model.dtype in DTYPES, "model.dtype", f"must be one of {', '.join(DTYPES)}"),
+        (cfg.model.context_mode in CONTEXT_MODES, "model.context_mode", f"must be one of {', '.join(CONTEXT_MODES)}"),
+        (cfg.model.sr in SR_MODES, "model.sr", f"must be one of {', '.join(SR_MODES)}"),
+        (1 <= cfg.model.fps <= 120, "model.fps", "must be between 1 and 120"),
+        (1 <= cfg.model.steps <= 1000, "model.steps", "must be between 1 and 1000"),
+        (cfg.model.shift > 0, "model.shift", "must be positive"),
+        (0 <= cfg.model.colour_guard <= 1, "model.colour_guard", "must be between 0 and 1"),
     ]
     for ok, key, why in checks:
         if not ok:

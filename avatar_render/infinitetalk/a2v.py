@@ -15,13 +15,25 @@ import torch
 from avatar_render.infinitetalk.grid import latent_of
 from avatar_render.infinitetalk.types import AudioWindow, LatentChunk, ModelStatic
 from avatar_render.models.sampler import SamplerConfig, sample
+from avatar_render.models.vae import StreamingDecoder, WanVae
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.stage import Stage
 
 
 @dataclass(frozen=True)
 class ContextCarry:
-    latents: Optional[torch.Tensor]  # [16, m, h, w]: the last latents of the latest N chunk (None before N0)
+    # context_mode "latents": [16, m, h, w], the last latents of the latest N chunk;
+    # "reencode": [16, n, h, w], all the latents that chunk's model saw (a stream that decodes on its own).
+    # None before N0.
+    latents: Optional[torch.Tensor]
+
+
+def reencoded(vae: WanVae, chunk_latents: torch.Tensor, context_frames: int) -> torch.Tensor:
+    """Decode a chunk, re-encode its last frames: [16, n, h, w] -> [16, m, h, w] whose first latent
+    holds one frame, as the family makes its motion frames."""
+    dec = StreamingDecoder(vae)
+    frames, _ = dec.decode(chunk_latents[None], dec.start())  # [1, 3, T, H, W]
+    return vae.encode(frames[:, :, -context_frames:])[0].cpu()
 
 
 def pinned(kind: str, carry: ContextCarry, static: ModelStatic, anchors: tuple) -> tuple[torch.Tensor, int]:
@@ -36,19 +48,24 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
     input_type = AudioWindow
     output_type = LatentChunk
 
-    def __init__(self, *, dit: Module, sampler: SamplerConfig, context_latents: int) -> None:
+    def __init__(self, *, dit: Module, vae: WanVae, sampler: SamplerConfig, context_frames: int, context_mode: str) -> None:
         self.dit = dit  # a module whose .model is the WanAudioDiT
+        self.vae = vae
         self.sampler = sampler
-        self.context_latents = context_latents  # m: latents of the previous chunk that condition the next
+        self.context_frames = context_frames
+        self.context_latents = 1 + (context_frames - 1) // 4  # m: latents that condition the next chunk
+        self.context_mode = context_mode
 
     def modules(self) -> tuple[Module, ...]:
-        return (self.dit,)
+        return (self.dit, self.vae) if self.context_mode == "reencode" else (self.dit,)
 
     def init_carry(self, static: Any) -> ContextCarry:
         return ContextCarry(latents=None)
 
     def run(self, x: AudioWindow, *, static: ModelStatic, carry: ContextCarry) -> tuple[LatentChunk, ContextCarry]:
         plan = x.chunk.plan
+        if self.context_mode == "reencode" and plan.kind == "N" and carry.latents is not None:
+            carry = ContextCarry(latents=reencoded(self.vae, carry.latents, self.context_frames))
         front, n_back = pinned(plan.kind, carry, static, x.chunk.anchors)
         back = x.chunk.anchors[1] if n_back else None
         noise = x.noise
@@ -81,4 +98,5 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
             return LatentChunk(plan=plan, latents=latents, first_latent=latent_of(plan.start)), carry
         new = latents if plan.start == 0 else latents[:, m:]  # N0 publishes its reference latent as frame 0
         out = LatentChunk(plan=plan, latents=new, first_latent=latent_of(plan.start))
-        return out, ContextCarry(latents=new[:, -self.context_latents :].clone())
+        keep = latents if self.context_mode == "reencode" else new[:, -self.context_latents :]
+        return out, ContextCarry(latents=keep.clone())

@@ -43,7 +43,7 @@ def build_infinitetalk(cfg: Config) -> Pipeline:
         generate=(
             AudioContext(audio=comps.audio, context_latents=context_latents,
                          latent_hw=(cfg.video.height // 8, cfg.video.width // 8)),
-            A2VStage(dit=comps.dit, context_latents=context_latents,
+            A2VStage(dit=comps.dit, vae=comps.vae, context_frames=c.context_frames, context_mode=m.context_mode,
                      sampler=SamplerConfig(steps=m.steps, shift=m.shift, text_scale=m.text_scale, audio_scale=m.audio_scale)),
         ),
         decode=LatentDecode(vae=comps.vae, colour_guard=m.colour_guard),

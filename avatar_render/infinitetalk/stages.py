@@ -19,7 +19,9 @@ from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import ChunkInput, Frames, RequestInput
 from avatar_render.preview.face import FaceDetector
 
-AUDIO_MARGIN_S = 0.2  # audio the encoder sees beyond a chunk's model frames, on each side
+# Audio the encoder sees beyond a chunk's model frames, on each side: wav2vec2's positional
+# convolution spans about +-2.6 s, so less margin makes chunked features drift from whole-file ones.
+AUDIO_MARGIN_S = 3.0
 
 
 def to_pixels(image: np.ndarray) -> torch.Tensor:

@@ -1,0 +1,253 @@
+"""Load the A2V DiT from local safetensors: Wan-native or diffusers layout + the audio-module file.
+
+Supported files (``base`` is a folder or a single file):
+
+* Wan-native sharded: ``diffusion_pytorch_model.safetensors.index.json`` +
+  ``diffusion_pytorch_model-0000N-of-0000M.safetensors`` (Wan2.1-I2V-14B-480P/-720P: 7 shards), or
+  one ``diffusion_pytorch_model.safetensors``, or any single ``.safetensors`` file with native
+  names (an optional ``model.diffusion_model.`` / ``diffusion_model.`` prefix is stripped).
+* diffusers: the same file names with ``WanTransformer3DModel`` tensor names, in ``base`` or in
+  ``base/transformer`` (a diffusers pipeline folder); renamed to native names by ``DIFFUSERS_NAMES``.
+  ``attn2.norm_added_q`` (written by old diffusers versions, unused by the model) is skipped.
+* the audio module, merged on top (its tensors replace same-named base tensors):
+  ``infinitetalk.safetensors`` (InfiniteTalk ``single/`` or ``multi/``) or ``multitalk.safetensors``,
+  native names. Optional when the base index already lists the audio tensors (MultiTalk-style
+  index, or a fully merged checkpoint).
+
+Every tensor is read once, cast, and assigned into the meta-built model: no second copy in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
+from avatar_render.errors import AvatarRenderError
+from avatar_render.models.dit import DiTConfig, WanAudioDiT, build_dit, param_dtype
+
+INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
+SINGLE_NAME = "diffusion_pytorch_model.safetensors"
+AUDIO_MODULE_NAMES = ("infinitetalk.safetensors", "single/infinitetalk.safetensors", "multitalk.safetensors")
+
+# Wan-native -> diffusers WanTransformer3DModel names (prefixes of tensor names). Native norm3 (the
+# affine pre-cross-attention norm) is diffusers' norm2; the weightless norms have no tensors.
+_TOP_NAMES = {
+    "patch_embedding": "patch_embedding",
+    "time_embedding.0": "condition_embedder.time_embedder.linear_1",
+    "time_embedding.2": "condition_embedder.time_embedder.linear_2",
+    "time_projection.1": "condition_embedder.time_proj",
+    "text_embedding.0": "condition_embedder.text_embedder.linear_1",
+    "text_embedding.2": "condition_embedder.text_embedder.linear_2",
+    "img_emb.proj.0": "condition_embedder.image_embedder.norm1",
+    "img_emb.proj.1": "condition_embedder.image_embedder.ff.net.0.proj",
+    "img_emb.proj.3": "condition_embedder.image_embedder.ff.net.2",
+    "img_emb.proj.4": "condition_embedder.image_embedder.norm2",
+    "head.head": "proj_out",
+    "head.modulation": "scale_shift_table",
+}
+_BLOCK_NAMES = {
+    **{f"self_attn.{a}": f"attn1.{b}" for a, b in [("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"), ("norm_q", "norm_q"), ("norm_k", "norm_k")]},
+    **{f"cross_attn.{a}": f"attn2.{b}" for a, b in [("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"), ("norm_q", "norm_q"), ("norm_k", "norm_k"), ("k_img", "add_k_proj"), ("v_img", "add_v_proj"), ("norm_k_img", "norm_added_k")]},
+    "norm3": "norm2",
+    "ffn.0": "ffn.net.0.proj",
+    "ffn.2": "ffn.net.2",
+    "modulation": "scale_shift_table",
+}
+DIFFUSERS_NAMES = {**_TOP_NAMES, **{f"blocks.*.{k}": f"blocks.*.{v}" for k, v in _BLOCK_NAMES.items()}}
+_DIFFUSERS_SKIPPED = re.compile(r"\.norm_added_q\.")
+_BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
+
+
+def _rename(key: str, table: dict[str, str]) -> str | None:
+    for src, dst in table.items():
+        if key == src or key.startswith(src + "."):
+            return dst + key[len(src):]
+    return None
+
+
+def _convert(key: str, top: dict[str, str], block: dict[str, str]) -> str | None:
+    m = _BLOCK.match(key)
+    if m:
+        inner = _rename(m.group(2), block)
+        return None if inner is None else f"blocks.{m.group(1)}.{inner}"
+    return _rename(key, top)
+
+
+def native_to_diffusers(key: str) -> str | None:
+    """Wan-native tensor name -> diffusers name; None for the audio tensors (no diffusers equivalent)."""
+    return _convert(key, _TOP_NAMES, _BLOCK_NAMES)
+
+
+def diffusers_to_native(key: str) -> str | None:
+    """diffusers WanTransformer3DModel tensor name -> Wan-native name; None if it has none."""
+    return _convert(key, {v: k for k, v in _TOP_NAMES.items()}, {v: k for k, v in _BLOCK_NAMES.items()})
+
+
+def _is_diffusers_name(key: str) -> bool:
+    return key.startswith(("condition_embedder.", "proj_out.")) or key == "scale_shift_table" or ".attn1." in key or ".attn2." in key
+
+
+def _is_audio_name(key: str) -> bool:
+    return key.startswith("audio_proj.") or ".audio_cross_attn." in key or ".norm_x." in key
+
+
+def _listing(names, limit: int = 3) -> str:
+    names = list(names)
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+@dataclass(frozen=True)
+class TensorSource:
+    file: Path
+    stored_name: str
+    shape: tuple[int, ...]
+
+
+def resolve_base_files(base: Path) -> list[Path]:
+    """The safetensors files of the base transformer at ``base`` (folder or file), in load order."""
+    base = Path(base)
+    if base.is_file():
+        return [base]
+    if not base.is_dir():
+        raise AvatarRenderError(f"The DiT checkpoint {base} does not exist.")
+    for folder in (base, base / "transformer"):
+        index = folder / INDEX_NAME
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError, TypeError):
+                raise AvatarRenderError(f"The checkpoint index {index} is not a valid safetensors index file.") from None
+            files = [folder / name for name in sorted(set(weight_map.values()))]
+            missing = [f.name for f in files if not f.is_file()]
+            if missing:
+                raise AvatarRenderError(f"The checkpoint index {index} lists {len(missing)} missing file(s): {_listing(missing)}.")
+            return files
+        if (folder / SINGLE_NAME).is_file():
+            return [folder / SINGLE_NAME]
+    raise AvatarRenderError(f"No DiT weights in {base}: expected {INDEX_NAME} with its shards, or {SINGLE_NAME}.")
+
+
+def find_audio_module(root: Path) -> Path | None:
+    """The InfiniteTalk/MultiTalk audio-module file under ``root``, if one of the published names is there."""
+    for name in AUDIO_MODULE_NAMES:
+        if (Path(root) / name).is_file():
+            return Path(root) / name
+    return None
+
+
+def _header(path: Path) -> dict[str, tuple[int, ...]]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise AvatarRenderError(f"Cannot read the weights file {path}: it is not a valid safetensors file ({e}).") from None
+
+
+def plan_sources(base: Path, audio: Path | None = None) -> dict[str, TensorSource]:
+    """Native tensor name -> where to read it; audio-module tensors override base tensors."""
+    sources: dict[str, TensorSource] = {}
+    for file in resolve_base_files(base):
+        header = _header(file)
+        diffusers = any(_is_diffusers_name(k) for k in header)
+        for stored, shape in header.items():
+            name = re.sub(r"^(model\.)?diffusion_model\.", "", stored)
+            if diffusers:
+                if _DIFFUSERS_SKIPPED.search(name):
+                    continue
+                name = diffusers_to_native(name) or name  # unknown names surface as unexpected
+            sources[name] = TensorSource(file, stored, shape)
+    if audio is not None:
+        audio = Path(audio)
+        if not audio.is_file():
+            raise AvatarRenderError(f"The audio-module weights file {audio} does not exist.")
+        for stored, shape in _header(audio).items():
+            sources[stored] = TensorSource(audio, stored, shape)
+    return sources
+
+
+def expected_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()}
+
+
+def check_sources(sources: dict[str, TensorSource], expected: dict[str, tuple[int, ...]], where: str) -> None:
+    """Strict key and shape check; one AvatarRenderError sentence naming what is wrong."""
+    missing = [k for k in expected if k not in sources]
+    unexpected = [k for k in sources if k not in expected]
+    wrong = [
+        f"{k} {list(s.shape)} instead of {list(expected[k])}" for k, s in sources.items() if k in expected and s.shape != expected[k]
+    ]
+    problems = []
+    if missing:
+        hint = "; they belong to the audio module, e.g. infinitetalk.safetensors" if all(map(_is_audio_name, missing)) else ""
+        problems.append(f"{len(missing)} tensor(s) missing ({_listing(missing)}{hint})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected tensor(s) ({_listing(unexpected)})")
+    if wrong:
+        problems.append(f"{len(wrong)} tensor(s) with the wrong shape ({_listing(wrong)})")
+    if problems:
+        raise AvatarRenderError(f"The DiT checkpoint {where} does not fit the model: {'; '.join(problems)}.")
+
+
+@torch.no_grad()
+def load_into(
+    model: WanAudioDiT,
+    sources: dict[str, TensorSource],
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    keep_fp32: bool = True,
+) -> None:
+    """Stream the tensors file by file into ``model`` (meta or materialised), casting each one."""
+    device = torch.device(device)
+    modules = dict(model.named_modules())
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for name, src in sources.items():
+        by_file.setdefault(src.file, []).append((name, src.stored_name))
+    for file, names in by_file.items():
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name, stored in names:
+                t = f.get_tensor(stored)  # a view of the file's memory map
+                target = t.dtype if dtype is None else param_dtype(name, dtype, keep_fp32=keep_fp32)
+                p = t.to(device=device, dtype=target, copy=True)  # owned: the map is released with the file
+                mod_name, _, leaf = name.rpartition(".")
+                modules[mod_name]._parameters[leaf] = nn.Parameter(p, requires_grad=False)
+                del t, p
+
+
+def read_dit_weights(
+    model: WanAudioDiT,
+    base: Path,
+    *,
+    audio: Path | None = None,
+    dtype: torch.dtype | None = torch.bfloat16,
+    device: str | torch.device = "cpu",
+    loras: tuple[tuple[Path, float], ...] = (),
+    keep_fp32: bool = True,
+) -> None:
+    """Fill ``model`` (built on meta) from ``base`` + ``audio``: check every name and shape before
+    reading anything, stream the tensors in, then merge the LoRAs ((path, scale) pairs).
+
+    dtype None keeps the stored dtypes; otherwise tensors are cast to ``dtype`` except the float32
+    islands (``dit.FP32_PARAMS``) when ``keep_fp32``.
+    """
+    from avatar_render.models.lora import merge_lora
+
+    sources = plan_sources(base, audio)
+    check_sources(sources, expected_shapes(model), str(base) if audio is None else f"{base} + {audio}")
+    load_into(model, sources, dtype=dtype, device=device, keep_fp32=keep_fp32)
+    for path, scale in loras:
+        merge_lora(model, path, scale=scale)
+
+
+def load_dit(config: DiTConfig, base: Path, **options) -> WanAudioDiT:
+    """Build on meta, ``read_dit_weights(model, base, **options)``, return it in eval mode."""
+    model = build_dit(config)
+    read_dit_weights(model, base, **options)
+    return model.eval().requires_grad_(False)
