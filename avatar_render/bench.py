@@ -1,5 +1,5 @@
-"""Speed and memory benchmark: render speech of several durations, each in its own process so
-that peak memory is measured per render, and collect the reports."""
+"""Speed and memory benchmark: render speech of several durations, sizes and backends, each in its
+own process so that peak memory is measured per render; collect the reports, write JSON and plots."""
 
 from __future__ import annotations
 
@@ -16,12 +16,26 @@ import numpy as np
 
 from avatar_render.errors import AvatarRenderError
 
+DEFAULT_DURATIONS = (10.0, 60.0, 600.0)
+DEFAULT_SIZES = ((256, 256), (512, 512))
+DEFAULT_BACKENDS = ("preview",)
+
 
 @dataclass(frozen=True)
 class BenchCase:
     seconds: float
     width: int
     height: int
+    backend: str = "preview"
+
+    @property
+    def name(self) -> str:
+        return f"{self.seconds:g}s_{self.width}x{self.height}_{self.backend}"
+
+
+def bench_matrix(durations=DEFAULT_DURATIONS, sizes=DEFAULT_SIZES, backends=DEFAULT_BACKENDS) -> list[BenchCase]:
+    """Every combination, backends outermost, then sizes, then durations (short first)."""
+    return [BenchCase(seconds=float(s), width=w, height=h, backend=b) for b in backends for (w, h) in sizes for s in sorted(durations)]
 
 
 def loop_speech(source: Path, seconds: float, dest: Path) -> Path:
@@ -45,14 +59,15 @@ def loop_speech(source: Path, seconds: float, dest: Path) -> Path:
 
 def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, overrides: tuple[str, ...] = ()) -> dict:
     audio = loop_speech(speech, case.seconds, workdir / f"speech_{case.seconds:g}s.wav")
-    out = workdir / f"render_{case.seconds:g}s_{case.width}x{case.height}.mp4"
+    out = workdir / f"render_{case.name}.mp4"
     report = out.with_suffix(".json")
     cmd = [sys.executable, "-m", "avatar_render", "render", "--ref", str(reference), "--audio", str(audio),
            "-o", str(out), "--force", "--quiet", "--report", str(report),
-           f"video.width={case.width}", f"video.height={case.height}", *overrides]
+           f"backend={case.backend}", f"video.width={case.width}", f"video.height={case.height}", *overrides]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise AvatarRenderError(f"The {case.seconds:g} s benchmark render failed: {done.stderr.strip() or done.stdout.strip()}")
+        why = (done.stderr.strip() or done.stdout.strip()).removeprefix("Error: ")
+        raise AvatarRenderError(f"The {case.seconds:g} s {case.width}x{case.height} {case.backend} benchmark render failed: {why}")
     audio.unlink()
     out.unlink()
     return json.loads(report.read_text())
@@ -60,17 +75,68 @@ def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, o
 
 def run_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir: Path | None = None,
               overrides: tuple[str, ...] = (), on_result: Callable[[BenchCase, dict], None] | None = None) -> list[dict]:
+    """Render every case; one row per case. With ``out_dir``, each render's report stays in ``out_dir/reports``."""
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(out_dir) if out_dir else Path(tmp)
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir = Path(out_dir) / "reports" if out_dir else Path(tmp)
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise AvatarRenderError(f"Cannot create the benchmark folder '{workdir}': {e.strerror or e}.") from None
         for case in cases:
             rep = run_case(case, reference=reference, speech=speech, workdir=workdir, overrides=overrides)
-            rss = np.array([c["rss_mb"] for c in rep.get("chunks", [])] or [0.0])
-            row = {k: rep[k] for k in ("duration_s", "frames", "width", "height", "chunks", "inputs_s", "time_to_first_frame_s",
-                                        "first_frame_on_disk_s", "wall_s", "generated_fps", "realtime_factor", "peak_rss_mb", "stage_s")}
-            row["rss_mb_first_chunk"], row["rss_mb_last_chunk"] = float(rss[0]), float(rss[-1])
+            row = summarize(rep, backend=case.backend)
             results.append(row)
             if on_result:
                 on_result(case, row)
     return results
+
+
+def summarize(rep: dict, *, backend: str) -> dict:
+    """A benchmark row from a render report: its headline figures and its per-chunk series."""
+    row = {k: rep[k] for k in ("duration_s", "frames", "fps", "width", "height", "chunks", "inputs_s", "time_to_first_frame_s",
+                                "first_frame_on_disk_s", "wall_s", "generated_fps", "realtime_factor", "peak_rss_mb", "stage_s")}
+    row["backend"] = backend
+    # The report's "chunks" is its list of chunk records (it follows the chunk count in the file).
+    chunks = rep["chunks"] if isinstance(rep.get("chunks"), list) else []
+    row["chunks"] = len(chunks)
+    t = np.array([c["t_s"] for c in chunks], np.float64)
+    frames = np.array([c["end"] - c["start"] for c in chunks], np.float64)
+    dt = np.diff(np.concatenate([[rep["inputs_s"]], t])) if len(t) else t
+    rss = np.array([c["rss_mb"] for c in chunks] or [0.0])
+    row["rss_mb_first_chunk"], row["rss_mb_last_chunk"] = float(rss[0]), float(rss[-1])
+    row["series"] = {
+        "t_s": t.round(4).tolist(),
+        "rss_mb": [c["rss_mb"] for c in chunks],
+        "end_frame": [c["end"] for c in chunks],
+        "fps": (frames / np.maximum(dt, 1e-6)).round(2).tolist(),
+    }
+    return row
+
+
+def write_results(rows: list[dict], out_dir: Path, *, json_path: Path | None = None) -> list[Path]:
+    """bench.json (or ``json_path``) and the plots, in ``out_dir``; returns the paths written."""
+    from avatar_render.metrics.plots import plot_bench
+
+    json_path = json_path or Path(out_dir) / "bench.json"
+    try:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(rows, indent=1) + "\n")
+    except OSError as e:
+        raise AvatarRenderError(f"Cannot write the benchmark results to '{json_path}': {e.strerror or e}.") from None
+    return [json_path, *plot_bench(rows, out_dir)]
+
+
+def parse_matrix(durations: str, sizes: str, backends: str) -> list[BenchCase]:
+    """The cases of comma-separated lists such as "10,60", "512x512,256x256" and "preview"."""
+    try:
+        secs = [float(d) for d in durations.split(",") if d.strip()]
+        dims = [tuple(int(v) for v in s.lower().split("x")) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise AvatarRenderError("--durations takes numbers like 10,60 and --sizes takes sizes like 512x512,256x256.") from None
+    names = [b.strip() for b in backends.split(",") if b.strip()]
+    if not secs or any(s <= 0 for s in secs) or not dims or any(len(d) != 2 or min(d) <= 0 for d in dims):
+        raise AvatarRenderError("--durations takes positive numbers like 10,60 and --sizes takes sizes like 512x512.")
+    if not names:
+        raise AvatarRenderError("--backends takes backend names like preview.")
+    return bench_matrix(secs, dims, names)

@@ -1,0 +1,1 @@
+"""Measuring a render: consistency over time (``inspect``), seams, and the pictures of ``bench``."""

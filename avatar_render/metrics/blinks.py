@@ -1,0 +1,65 @@
+"""Blinks: short excursions of the eye regions away from their open appearance in the reference.
+
+Eye closure at frame t is the mean absolute luma difference between both eye regions (moved with
+the head) and the reference's. A blink is a run of frames where it rises well above its running
+median (the open-eye level) for at most ``MAX_BLINK_S``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from avatar_render.metrics.regions import Reference, eye_regions, luma, patch
+from avatar_render.metrics.series import Track, running_median
+
+BASELINE_S = 2.0  # window of the running median that gives the open-eye level
+MAX_BLINK_S = 0.8  # longer closures are not blinks (eyes shut, occlusion, a cut)
+MERGE_S = 0.1  # runs closer than this are one blink
+MIN_RISE = 0.25  # a blink rises at least this fraction of the eye region's contrast
+NOISE_K = 6.0  # ... and this many robust noise deviations above the open-eye level
+
+
+@dataclass(frozen=True)
+class BlinkResult:
+    count: int
+    per_minute: float
+    times_s: tuple[float, ...]  # start of each blink
+
+
+class EyeClosure:
+    def __init__(self, reference: Reference) -> None:
+        gray = luma(reference.image)
+        self.boxes = eye_regions(reference.layout)
+        self.open = [patch(gray, b) for b in self.boxes]
+        self.contrast = float(np.mean([p.std() for p in self.open]))
+        self.values = Track()
+
+    def update(self, gray: np.ndarray, shift: tuple[float, float]) -> None:
+        self.values.append(float(np.mean([np.abs(patch(gray, b, shift=shift) - o).mean() for b, o in zip(self.boxes, self.open)])))
+
+    def result(self, fps: float) -> BlinkResult:
+        return count_blinks(self.values.numpy(), fps=fps, contrast=self.contrast)
+
+
+def count_blinks(closure: np.ndarray, *, fps: float, contrast: float) -> BlinkResult:
+    """closure: (T,) per-frame eye closure; contrast: grey-level std of the open eye regions."""
+    n = len(closure)
+    if n == 0:
+        return BlinkResult(0, 0.0, ())
+    width = max(3, int(round(BASELINE_S * fps)) | 1)
+    rise = closure - running_median(closure, width)
+    noise = 1.4826 * float(np.median(np.abs(np.diff(closure)))) / np.sqrt(2)  # frame-to-frame noise, robust
+    threshold = max(NOISE_K * noise, MIN_RISE * contrast, 1.0)
+    above = np.flatnonzero(rise > threshold)
+    runs: list[list[int]] = []
+    gap = max(1, int(round(MERGE_S * fps)))
+    for f in above.tolist():
+        if runs and f - runs[-1][1] <= gap:
+            runs[-1][1] = f
+        else:
+            runs.append([f, f])
+    blinks = [a for a, b in runs if (b - a + 1) <= MAX_BLINK_S * fps]
+    minutes = n / fps / 60.0
+    return BlinkResult(count=len(blinks), per_minute=len(blinks) / minutes, times_s=tuple(round(a / fps, 3) for a in blinks))

@@ -1,0 +1,51 @@
+"""Identity similarity to the reference over time, by a classical proxy.
+
+No face-recognition embedding whose weights ship inside an installed package is available, so this
+compares histograms of oriented gradients (HOG, Dalal and Triggs 2005) of the face crop: the face
+(moved with the head) is resampled to 96x96 grey, described by OpenCV's HOG (8x8-pixel cells,
+9 orientations, 16x16 blocks), square-rooted, and compared by cosine similarity. It follows the
+shape of the face (outline, eyes, nose, mouth) and shrugs off codec noise and brightness changes,
+so a different, smeared or deformed face lowers it; it is not a face-recognition score, and an
+open mouth or closed eyes lower it a little too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from avatar_render.metrics.regions import Reference, luma, patch
+from avatar_render.metrics.series import OverTime, Track
+
+METHOD = "proxy: HOG cosine of the face crop (not a face-recognition embedding)"
+CROP = 96  # side of the resampled face crop
+_HOG = cv2.HOGDescriptor((CROP, CROP), (16, 16), (8, 8), (8, 8), 9)
+
+
+def face_descriptor(face: np.ndarray) -> np.ndarray:
+    """(h, w) float32 grey face crop -> (4356,) unit-length HOG descriptor."""
+    interpolation = cv2.INTER_AREA if face.shape[0] > CROP else cv2.INTER_LINEAR
+    img = np.clip(cv2.resize(face, (CROP, CROP), interpolation=interpolation) + 0.5, 0, 255).astype(np.uint8)
+    desc = np.sqrt(np.maximum(_HOG.compute(img).ravel().astype(np.float64), 0.0))
+    return desc / max(float(np.linalg.norm(desc)), 1e-12)
+
+
+@dataclass(frozen=True)
+class IdentityResult:
+    method: str
+    similarity: OverTime  # 1 = same as the reference; worst = lowest second
+
+
+class IdentityTracker:
+    def __init__(self, reference: Reference) -> None:
+        self.box = reference.layout.face
+        self.ref = face_descriptor(patch(luma(reference.image), self.box))
+        self.values = Track()
+
+    def update(self, gray: np.ndarray, shift: tuple[float, float]) -> None:
+        self.values.append(float(face_descriptor(patch(gray, self.box, shift=shift)) @ self.ref))
+
+    def result(self, fps: float) -> IdentityResult:
+        return IdentityResult(method=METHOD, similarity=OverTime.of(self.values.numpy(), fps, worst_is_max=False))

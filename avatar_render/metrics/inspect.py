@@ -1,0 +1,188 @@
+"""``inspect``: consistency of a rendered video over time, in one pass over its frames (constant memory).
+
+Only per-frame scalars are kept (a few numbers a frame); frames are decoded, measured and dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from avatar_render.errors import AvatarRenderError
+from avatar_render.metrics.blinks import BlinkResult, EyeClosure
+from avatar_render.metrics.colour import ColourDrift, ColourDriftResult
+from avatar_render.metrics.identity import IdentityResult, IdentityTracker
+from avatar_render.metrics.motion import HeadMotionResult, HeadTracker
+from avatar_render.metrics.regions import Reference, fitted_reference, frame_reference, luma
+from avatar_render.metrics.seams import FrameChange, SeamResult, load_report, seam_result
+from avatar_render.metrics.series import Track
+from avatar_render.metrics.speech import MouthActivity, MouthSyncResult, iter_frame_levels, mouth_sync
+from avatar_render.metrics.video import iter_frames, probe_video
+
+
+@dataclass(frozen=True)
+class VideoSummary:
+    path: str
+    frames: int
+    fps: float
+    width: int
+    height: int
+    duration_s: float
+
+
+@dataclass(frozen=True, eq=False)
+class Series:
+    """Per-frame series for the plots (T values each; not written to the JSON)."""
+
+    frame_change: np.ndarray  # grey levels, NaN at frame 0
+    colour_face: np.ndarray  # CIEDE2000
+    colour_frame: np.ndarray
+    identity: np.ndarray  # similarity
+    mouth: np.ndarray  # mouth activity, grey levels
+    speech_rms: np.ndarray | None  # audio RMS per frame
+    eyes: np.ndarray  # eye closure, grey levels
+    head: np.ndarray  # (T, 2) face shift, pixels
+
+
+@dataclass(frozen=True, eq=False)
+class InspectResult:
+    video: VideoSummary
+    reference: str  # what the metrics compare against
+    face_found: bool
+    colour: ColourDriftResult
+    seams: SeamResult | None
+    mouth: MouthSyncResult | None
+    blinks: BlinkResult
+    head: HeadMotionResult
+    identity: IdentityResult
+    missing: dict[str, str] = field(default_factory=dict)  # metric -> why it could not be measured
+    notes: tuple[str, ...] = ()
+    series: Series | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything but the per-frame series, JSON-ready."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "series"}
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return None if not np.isfinite(value) else round(float(value), 5)
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def inspect_video(
+    video: str | Path, *, report: str | Path | None = None, reference: str | Path | None = None,
+    audio: str | Path | None = None, face_box: list[float] | None = None,
+    on_progress: Callable[[int, int | None], None] | None = None,
+) -> InspectResult:
+    """Measure colour drift, seams, mouth against speech, blinks, head motion and identity of a video.
+
+    reference: the reference image it was rendered from (fitted like the renderer does); without
+    it, the first frame is the reference. report: the render's ``--report`` JSON, needed for seams.
+    audio: the speech it was rendered from; without it, the video's own audio track.
+    face_box: [x, y, w, h] of the face (reference pixels with a reference, else video pixels); None = detect.
+    """
+    info = probe_video(video)
+    rep = load_report(report) if report is not None else None
+    if face_box is None and rep is not None and reference is not None:
+        face_box = (rep.get("config", {}).get("preview") or {}).get("face_box")
+    fps = float(info.fps)
+    frames = iter_frames(video)
+    levels = None
+    try:
+        first = next(frames, None)
+        if first is None:
+            raise AvatarRenderError(f"The video '{video}' has no frames.")
+        if reference is not None:
+            ref = fitted_reference(reference, info.width, info.height, face_box=face_box)
+        else:
+            ref = frame_reference(first, face_box=face_box)
+        speech = audio if audio is not None else (info.path if info.has_audio else None)
+        levels = iter_frame_levels(speech, fps=info.fps) if speech is not None else None
+        tracker, colour, change = HeadTracker(ref), ColourDrift(ref), FrameChange()
+        mouth = MouthActivity(ref, rest_from_reference=reference is not None, fps=fps)
+        eyes, identity, rms = EyeClosure(ref), IdentityTracker(ref), Track()
+        count = 0
+        for frame in _chain(first, frames):
+            gray = luma(frame)
+            shift = tracker.update(gray)
+            level = next(levels) if levels is not None else None
+            if level is not None:
+                rms.append(level)
+            colour.update(frame, shift)
+            change.update(gray)
+            mouth.update(gray, shift, level)
+            eyes.update(gray, shift)
+            identity.update(gray, shift)
+            count += 1
+            if on_progress is not None and count % 25 == 0:
+                on_progress(count, info.frames_estimate)
+    finally:
+        frames.close()
+        if levels is not None:
+            levels.close()
+    mouth.finish()
+    if on_progress is not None:
+        on_progress(count, count)
+    parts = dict(tracker=tracker, colour=colour, change=change, mouth=mouth, eyes=eyes, identity=identity)
+    return _result(info, ref, rep, speech, rms.numpy() if levels is not None else None, count, **parts)
+
+
+def _chain(first: np.ndarray, rest):
+    yield first
+    yield from rest
+
+
+def _result(info, ref: Reference, rep, speech, rms, count, *, tracker, colour, change, mouth, eyes, identity) -> InspectResult:
+    fps = float(info.fps)
+    missing: dict[str, str] = {}
+    notes: list[str] = []
+    if not ref.face_found:
+        notes.append("No face was found; the face was assumed at the centre of the frame, so face metrics may miss it.")
+    seams = None
+    if rep is None:
+        missing["seams"] = "needs the render's report: pass --report report.json"
+    else:
+        seams = seam_result(change.values.numpy(), rep)
+        if isinstance(rep.get("frames"), int) and rep["frames"] != count:
+            notes.append(f"The report describes {rep['frames']} frames but the video has {count}; is it this video's report?")
+    sync = None
+    if rms is None:
+        missing["mouth"] = "needs speech: pass --audio or a video with an audio track"
+    else:
+        sync = mouth_sync(mouth.values.numpy(), rms, fps=fps, audio=str(speech))
+        if sync is None:
+            missing["mouth"] = "the video is too short" if count < 3 else "the audio holds no speech"
+    series = Series(
+        frame_change=change.values.numpy(), colour_face=colour.face.numpy(), colour_frame=colour.frame.numpy(),
+        identity=identity.values.numpy(), mouth=mouth.values.numpy(), speech_rms=rms, eyes=eyes.values.numpy(),
+        head=tracker.positions(),
+    )
+    return InspectResult(
+        video=VideoSummary(path=str(info.path), frames=count, fps=fps, width=info.width, height=info.height, duration_s=round(count / fps, 4)),
+        reference=ref.source, face_found=ref.face_found,
+        colour=colour.result(fps), seams=seams, mouth=sync, blinks=eyes.result(fps), head=tracker.result(fps),
+        identity=identity.result(fps), missing=missing, notes=tuple(notes), series=series,
+    )
+
+
+def write_json(result: InspectResult, path: str | Path) -> Path:
+    path = Path(path)
+    try:
+        path.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    except OSError as e:
+        raise AvatarRenderError(f"Cannot write '{path}': {e.strerror or e}.") from None
+    return path

@@ -1,0 +1,84 @@
+"""``bench``: the matrix, the rows made from render reports, and a tiny run that writes JSON and PNGs."""
+
+import json
+import subprocess
+import sys
+import wave
+
+import pytest
+
+from avatar_render.bench import BenchCase, bench_matrix, loop_speech, parse_matrix, summarize
+from avatar_render.errors import AvatarRenderError
+from tests.media import speech_like, write_audio
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_matrix_covers_every_combination_short_first():
+    cases = bench_matrix([60, 10], [(96, 96), (128, 64)], ["preview", "tiny"])
+    assert len(cases) == 8 and len(set(cases)) == 8
+    assert [c.seconds for c in cases[:2]] == [10, 60]
+    assert {c.backend for c in cases} == {"preview", "tiny"}
+    assert parse_matrix("1, 2", "96x96", "preview") == [BenchCase(1, 96, 96), BenchCase(2, 96, 96)]
+    for bad in (("x", "96x96", "preview"), ("1", "96", "preview"), ("0", "96x96", "preview"), ("1", "96x96", " ")):
+        with pytest.raises(AvatarRenderError):
+            parse_matrix(*bad)
+
+
+def test_summarize_turns_chunk_records_into_series():
+    report = {"duration_s": 4.0, "frames": 100, "fps": 25.0, "width": 96, "height": 96, "chunks": 2, "inputs_s": 0.5,
+              "time_to_first_frame_s": 0.2, "first_frame_on_disk_s": 0.3, "wall_s": 2.5, "generated_fps": 50.0,
+              "realtime_factor": 1.6, "peak_rss_mb": 200.0, "stage_s": {"decode": 1.0}}
+    report["chunks"] = [{"kind": "N", "index": 0, "start": 0, "end": 50, "t_s": 1.5, "rss_mb": 150.0},
+                        {"kind": "N", "index": 1, "start": 50, "end": 100, "t_s": 2.0, "rss_mb": 160.0}]
+    row = summarize(report, backend="preview")
+    assert row["series"]["fps"] == [50.0, 100.0]  # 50 frames in 1.0 s after the inputs, then in 0.5 s
+    assert row["series"]["end_frame"] == [50, 100] and row["series"]["rss_mb"] == [150.0, 160.0]
+    assert (row["rss_mb_first_chunk"], row["rss_mb_last_chunk"], row["backend"]) == (150.0, 160.0, "preview")
+    assert row["chunks"] == 2
+
+
+def test_loop_speech_is_exactly_as_long_as_asked(tmp_path):
+    src = write_audio(tmp_path / "s.wav", speech_like(0.7, 16000), 16000)
+    out = loop_speech(src, 2.25, tmp_path / "long.wav")
+    with wave.open(str(out)) as w:
+        assert w.getnframes() == 36000 and w.getframerate() == 16000
+
+
+def test_bench_cli_writes_table_json_and_plots(tmp_path, face_png):
+    speech = write_audio(tmp_path / "talk.wav", speech_like(1.0, 16000), 16000)
+    out_dir = tmp_path / "results"
+    done = subprocess.run([sys.executable, "-m", "avatar_render", "bench", "--durations", "1,2", "--sizes", "96x96",
+                           "--ref", str(face_png), "--speech", str(speech), "--out", str(out_dir), "chunk.chunk_frames=10"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "1 s at 96x96 (preview)" in done.stdout and "2 s at 96x96 (preview)" in done.stdout
+    assert "generated frames per second" in done.stdout and "bench.json" in done.stdout  # the table's caption, the files
+    rows = json.loads((out_dir / "bench.json").read_text())
+    assert [(r["duration_s"], r["frames"], r["backend"]) for r in rows] == [(1.0, 25, "preview"), (2.0, 50, "preview")]
+    for r in rows:
+        assert len(r["series"]["t_s"]) == len(r["series"]["rss_mb"]) == len(r["series"]["fps"]) == r["chunks"]
+        assert r["series"]["end_frame"][-1] == r["frames"] and min(r["series"]["fps"]) > 0
+    for name in ("bench_memory.png", "bench_fps.png", "bench_stages.png"):
+        assert (out_dir / name).read_bytes()[:8] == PNG, name
+    assert len(list((out_dir / "reports").glob("*.json"))) == 2
+
+
+def test_bench_cli_reports_an_unknown_backend(tmp_path, face_png):
+    speech = write_audio(tmp_path / "talk.wav", speech_like(1.0, 16000), 16000)
+    done = subprocess.run([sys.executable, "-m", "avatar_render", "bench", "--durations", "1", "--sizes", "96x96", "--backends", "nosuch",
+                           "--ref", str(face_png), "--speech", str(speech), "--out", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "nosuch" in done.stderr and done.stderr.strip().startswith("Error:")
+
+
+def test_telemetry_cost_counts_calls_and_prices_them(tmp_path, face_png):
+    from avatar_render.metrics.telemetry_cost import measure
+
+    speech = write_audio(tmp_path / "talk.wav", speech_like(1.0, 16000), 16000)
+    cost = measure(face_png, speech, repeats=1, overrides=("video.width=96", "video.height=96", "chunk.chunk_frames=10"))
+    assert cost.frames == 25 and cost.chunk_records == 3
+    assert cost.stage_calls >= 4 * cost.chunk_records  # audio, context, a2v, decode, write per chunk
+    assert 0 < cost.stage_call_us < 1000 and 0 < cost.chunk_record_us < 10_000
+    assert cost.render_s_with > 0 and cost.render_s_without > 0 and 0 < cost.bottom_up_pct < 100
