@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Callable, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -74,24 +75,36 @@ def render(
     config: ConfigOpt = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Random seed (overrides the config).")] = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="Write a JSON report here.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file; discard an interrupted render of it.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted render of this output from its last complete chunk.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Render a talking-avatar MP4, written while it is generated."""
-    out = Out(quiet=quiet)
+    """Render a talking-avatar MP4, written while it is generated. Ctrl-C (or SIGTERM) stops after the
+    current chunk and keeps what was written for --resume; a second Ctrl-C stops at once."""
+    from avatar_render.dist.launch import is_writer_process
+
+    out = Out(quiet=quiet or not is_writer_process())  # under torchrun only process 0 reports progress
 
     def run() -> None:
         from avatar_render.api import RenderRequest
         from avatar_render.api import render as render_video
         from avatar_render.config import load_config
+        from avatar_render.stop import RenderStopped, StopNow, StopSignals
 
         cfg = load_config(config, tuple(overrides or ()), seed=seed)
-        request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report)
-        with _progress(out) as on_progress:
-            result = render_video(request, on_progress=on_progress)
-        if not result.face_detected and cfg.preview.face_box is None:
-            out.warn("no face was found in the reference; the face was assumed at the image centre (set preview.face_box to place it).")
+        request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report, resume=resume)
+        on_message = lambda level, text: out.warn(text) if level == "warning" else out.info(text)  # noqa: E731
+        stopping = StopSignals(on_first=lambda _: out.warn("stopping after the current chunk; press Ctrl-C again to stop at once."))
+        try:
+            with stopping, _progress(out) as on_progress:
+                result = render_video(request, on_progress=on_progress, on_message=on_message, should_stop=stopping)
+        except RenderStopped as stopped:
+            out.warn(str(stopped))
+            raise typer.Exit(stopping.exit_code) from None
+        except StopNow:  # a second signal outside the chunk loop
+            out.warn("Stopped at once.")
+            raise typer.Exit(stopping.exit_code) from None
         out.info(
             f"Wrote {result.output}: {result.duration_s:.2f} s, {result.frames} frames at {result.fps:g} fps, "
             f"{result.width}x{result.height} | first frame {result.time_to_first_frame_s:.2f} s | "
@@ -132,7 +145,8 @@ class _progress:
     def update(self, p) -> None:
         if self.bar is None:
             self._start()
-        gen_fps = p.frames_done / max(p.elapsed_s, 1e-9)
+            self.bar.update(self.task, completed=p.frames_resumed)  # so that speed and ETA count this run only
+        gen_fps = (p.frames_done - p.frames_resumed) / max(p.elapsed_s, 1e-9)
         self.bar.update(self.task, completed=p.frames_done, total=p.frames_total, chunks=p.chunks_done,
                         total_text=str(p.frames_total or "?"), gen_fps=gen_fps, rtf=gen_fps / p.fps)
 
@@ -142,15 +156,17 @@ class _progress:
 
 
 @app.command()
-def doctor(debug: DebugOpt = False) -> None:
-    """What this machine can run: versions, codecs, devices and backends."""
+def doctor(overrides: OverridesArg = None, config: ConfigOpt = None, debug: DebugOpt = False) -> None:
+    """What this machine can run: versions, codecs, devices, backends and (with model.root=...) the model's files."""
     out = Out()
 
     def run() -> None:
+        from avatar_render.config import load_config
         from avatar_render.doctor import diagnose
 
+        cfg = load_config(config, tuple(overrides or ())) if (config or overrides) else None
         table = Table("group", "item", "ok", "detail")
-        for c in diagnose():
+        for c in diagnose(cfg):
             table.add_row(c.group, c.name, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail)
         out.table(table)
 
@@ -160,46 +176,98 @@ def doctor(debug: DebugOpt = False) -> None:
 @app.command()
 def bench(
     durations: Annotated[str, typer.Option("--durations", help="Comma-separated audio durations in seconds.")] = "10,60,600",
-    sizes: Annotated[str, typer.Option("--sizes", help="Comma-separated output sizes, WIDTHxHEIGHT.")] = "512x512",
+    sizes: Annotated[str, typer.Option("--sizes", help="Comma-separated output sizes, WIDTHxHEIGHT.")] = "256x256,512x512",
+    backends: Annotated[str, typer.Option("--backends", help="Comma-separated backends (set with backend=NAME on each render).")] = "preview",
     ref: Annotated[Path, typer.Option("--ref", help="Reference image.")] = Path("examples/face.png"),
     speech: Annotated[Path, typer.Option("--speech", help="16-bit WAV speech, repeated to each duration.")] = Path("examples/talk.wav"),
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for bench.json, the PNG plots and each render's report.")] = Path("bench-results"),
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here (default: OUT/bench.json).")] = None,
     overrides: OverridesArg = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Render speech of several durations and sizes; print speed and memory for each."""
+    """Render speech of several durations, sizes and backends; print speed and memory, write JSON and plots."""
     out = Out()
 
     def run() -> None:
-        import json
+        from avatar_render.bench import parse_matrix, run_bench, write_results
 
-        from avatar_render.bench import BenchCase, run_bench
-
-        try:
-            secs = [float(d) for d in durations.split(",") if d.strip()]
-            dims = [tuple(int(v) for v in s.lower().split("x")) for s in sizes.split(",") if s.strip()]
-        except ValueError:
-            raise AvatarRenderError("--durations takes numbers like 10,60 and --sizes takes sizes like 512x512,256x256.") from None
-        if not secs or any(s <= 0 for s in secs) or any(len(d) != 2 for d in dims):
-            raise AvatarRenderError("--durations takes positive numbers like 10,60 and --sizes takes sizes like 512x512.")
+        cases = parse_matrix(durations, sizes, backends)
         for path in (ref, speech):
             if not path.is_file():
                 raise AvatarRenderError(f"'{path}' does not exist (run from the project folder, or pass --ref/--speech).")
-        cases = [BenchCase(seconds=s, width=w, height=h) for (w, h) in dims for s in secs]
-        table = Table("audio s", "size", "frames", "first frame s", "gen fps", "x real time", "peak RSS MB", "RSS first/last chunk MB")
+        table = Table("backend", "audio", "size", "frames", "1st frame", "fps", "x real", "peak MB", "MB chunk 1/last",
+                      box=box.SIMPLE_HEAD, caption="fps: generated frames per second; x real: video seconds per wall second; MB: resident memory")
 
         def show(case, row) -> None:
-            out.info(f"{case.seconds:g} s at {case.width}x{case.height}: {row['generated_fps']:.1f} fps, peak {row['peak_rss_mb']:.0f} MB")
-            table.add_row(f"{row['duration_s']:.1f}", f"{row['width']}x{row['height']}", str(row["frames"]),
-                          f"{row['time_to_first_frame_s']:.3f}", f"{row['generated_fps']:.1f}", f"{row['realtime_factor']:.2f}",
+            out.info(f"{case.seconds:g} s at {case.width}x{case.height} ({case.backend}): {row['generated_fps']:.1f} fps, peak {row['peak_rss_mb']:.0f} MB")
+            table.add_row(case.backend, f"{row['duration_s']:g} s", f"{row['width']}x{row['height']}", str(row["frames"]),
+                          f"{row['time_to_first_frame_s']:.2f} s", f"{row['generated_fps']:.0f}", f"{row['realtime_factor']:.2f}",
                           f"{row['peak_rss_mb']:.0f}", f"{row['rss_mb_first_chunk']:.0f} / {row['rss_mb_last_chunk']:.0f}")
 
-        results = run_bench(cases, reference=ref, speech=speech, overrides=tuple(overrides or ()), on_result=show)
+        results = run_bench(cases, reference=ref, speech=speech, out_dir=out_dir, overrides=tuple(overrides or ()), on_result=show)
         out.table(table)
-        if json_out is not None:
-            json_out.write_text(json.dumps(results, indent=2) + "\n")
+        for path in write_results(results, out_dir, json_path=json_out):
+            out.info(f"Wrote {path}")
 
     _guard(out, debug, run)
+
+
+@app.command()
+def inspect(
+    video: Annotated[Path, typer.Argument(help="A rendered MP4.", show_default=False)],
+    report: Annotated[Optional[Path], typer.Option("--report", help="The render's --report JSON (needed for the seam ratio).")] = None,
+    ref: Annotated[Optional[Path], typer.Option("--ref", help="The reference image it was rendered from (default: its first frame).")] = None,
+    audio: Annotated[Optional[Path], typer.Option("--audio", help="The speech it was rendered from (default: its own audio track).")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the metrics over time as a PNG here.")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the metrics as JSON here.")] = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Consistency over time: colour drift, seams, mouth against speech, blinks, head motion, identity."""
+    out = Out()
+
+    def run() -> None:
+        from avatar_render.metrics.inspect import inspect_video, write_json
+        from avatar_render.metrics.summary import summary_rows
+
+        with _count_progress(out, "inspecting") as on_progress:
+            result = inspect_video(video, report=report, reference=ref, audio=audio, on_progress=on_progress)
+        table = Table("metric", "value", "detail", title=f"{video.name}")
+        for row in summary_rows(result):
+            table.add_row(*row)
+        out.table(table)
+        for note in result.notes:
+            out.warn(note)
+        if plot is not None:
+            from avatar_render.metrics.plots import plot_inspect
+
+            out.info(f"Wrote {plot_inspect(result, plot)}")
+        if json_out is not None:
+            out.info(f"Wrote {write_json(result, json_out)}")
+
+    _guard(out, debug, run)
+
+
+class _count_progress:
+    """Context manager giving an on_progress(done, total) callback that drives a transient rich bar."""
+
+    def __init__(self, out: Out, label: str) -> None:
+        self.out, self.label = out, label
+        self.bar: Progress | None = None
+
+    def __enter__(self):
+        return None if self.out.quiet else self.update
+
+    def update(self, done: int, total: int | None) -> None:
+        if self.bar is None:
+            self.bar = Progress(TextColumn(f"[bold]{self.label}"), BarColumn(), TextColumn("{task.completed:.0f} frames"),
+                                TimeRemainingColumn(), console=self.out.console, transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task(self.label, total=total)
+        self.bar.update(self.task, completed=done, total=max(total or 0, done) or None)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
 
 
 def main() -> None:

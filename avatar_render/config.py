@@ -73,8 +73,18 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    queue_chunks: int = 4  # chunks the writer may hold before generation waits
+    queue_chunks: int = 1  # chunks the writer may hold before generation waits (memory: one chunk of frames each)
     no_face: str = "warn"  # no face found in the reference: warn (face assumed at the centre) | error
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    """One request across the processes of a ``torchrun`` launch (ignored in a single process)."""
+
+    sp: int = 1  # sequence-parallel (Ulysses) degree for the DiT; divides the process count and the heads
+    fsdp: bool = True  # shard the DiT's parameters across all processes (FSDP2)
+    offload: dict[str, str] = field(default_factory=lambda: {"dit": "resident"})  # per module: resident | offloaded
+    prefetch_blocks: int = 1  # DiT blocks whose all-gather is issued ahead of the running one
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,7 @@ class Config:
     preview: PreviewConfig = field(default_factory=PreviewConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
     @property
     def fps(self) -> Fraction:
@@ -174,6 +185,10 @@ def validate(cfg: Config) -> None:
         (1 <= cfg.model.steps <= 1000, "model.steps", "must be between 1 and 1000"),
         (cfg.model.shift > 0, "model.shift", "must be positive"),
         (0 <= cfg.model.colour_guard <= 1, "model.colour_guard", "must be between 0 and 1"),
+        (cfg.dist.sp >= 1, "dist.sp", "must be at least 1"),
+        (cfg.dist.prefetch_blocks >= 0, "dist.prefetch_blocks", "must not be negative"),
+        (set(cfg.dist.offload) <= {"dit"}, "dist.offload", "may only name dit for now (the other modules are offloaded by their stages)"),
+        (set(cfg.dist.offload.values()) <= {"resident", "offloaded"}, "dist.offload", "values must be resident or offloaded"),
     ]
     for ok, key, why in checks:
         if not ok:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.io.writer import Mp4Writer, WriterSpec
+from avatar_render.io.writer import Mp4Writer, WriterPosition, WriterResume, WriterSpec, remux_faststart, replay_start
 
 ROOT = Path(__file__).resolve().parents[1]
 W, H = 64, 48
@@ -252,6 +253,8 @@ def test_write_failure_reported_not_hung(tmp_path: Path) -> None:
     assert result.returncode == 3, result.stderr
     assert result.stdout.strip() == f"Could not write '{path}': the file is larger than this system allows."
     assert "Traceback" not in result.stderr
+    # The fragment that did not fit was cut off again: the file ends with a whole fragment.
+    assert path.stat().st_size < 300_000 and _read_elsewhere(path)["frames"] % 10 == 0
 
 
 def test_bad_input_and_spec(tmp_path: Path) -> None:
@@ -264,3 +267,77 @@ def test_bad_input_and_spec(tmp_path: Path) -> None:
             writer.put(np.zeros((2, H, W + 2, 3), np.uint8), np.zeros((1, 10), np.float32))
         with pytest.raises(ValueError):
             writer.put(np.zeros((2, H, W, 3), np.uint8), np.zeros((2, 10), np.float32))
+
+
+def _write_marked(path: Path, sizes: list[int], *, resume: WriterResume | None = None, skip: int = 0) -> list[WriterPosition]:
+    """Write chunks ``sizes[skip:]`` (of the deterministic _chunks stream), a mark after each; the positions."""
+    positions: list[WriterPosition] = []
+    with Mp4Writer(_spec(path), resume=resume) as writer:
+        for i, (frames, audio) in enumerate(_chunks(sizes, Fraction(25), 16000, 1)):
+            if i >= skip:
+                writer.put(frames, audio)
+                writer.mark(positions.append)
+        writer.close(faststart=False)
+    return positions
+
+
+def _decoded_audio(path: Path) -> np.ndarray:
+    with av.open(str(path)) as c:
+        return np.concatenate([f.to_ndarray() for f in c.decode(audio=0)], axis=1)
+
+
+@pytest.mark.parametrize("cut", [1, 3, 7])  # 7: every chunk is in; only the final flush is missing
+def test_resume_cuts_back_to_a_mark_and_appends(tmp_path: Path, cut: int) -> None:
+    sizes = [10, 10, 7, 13, 10, 10, 4]
+    whole = tmp_path / "whole.mp4"
+    positions = _write_marked(whole, sizes)
+    assert [p.frames for p in positions] == np.cumsum(sizes).tolist()
+    assert [p.sequence for p in positions] == list(range(1, len(sizes) + 1)) and positions[-1].bytes < whole.stat().st_size
+
+    # The file of a render killed later than mark `cut`: everything, plus a torn fragment at the end.
+    killed = tmp_path / "killed.mp4"
+    killed.write_bytes(whole.read_bytes()[: positions[-1].bytes + 300])
+    at = positions[cut - 1]
+    all_audio = np.concatenate([a for _, a in _chunks(sizes, Fraction(25), 16000, 1)], axis=1)
+    replay = all_audio[:, replay_start(at) : at.audio_samples]
+    _write_marked(killed, sizes, resume=WriterResume(position=at, replay=replay), skip=cut)
+
+    final = tmp_path / "final.mp4"
+    remux_faststart(killed, final)
+    keys, rate, audio_end, _ = _contents(final)
+    assert len(keys) == sum(sizes) and (cut == len(sizes) or keys[sum(sizes[:cut])])  # appended video starts with a keyframe
+    assert abs(audio_end - all_audio.shape[1] / 16000) < 1 / 25
+    expected, got = _decoded_audio(whole), _decoded_audio(final)
+    assert got.shape == expected.shape
+    assert np.abs(got - expected).max() < 0.02  # the two AAC encodes join without a gap or click
+
+
+def test_resume_refuses_a_file_that_does_not_fit(tmp_path: Path) -> None:
+    path = tmp_path / "a.mp4"
+    at = _write_marked(path, [10, 10, 10])[1]
+    replay = np.zeros((1, at.audio_samples - replay_start(at)), np.float32)
+    other = WriterSpec(path=path, width=W + 2, height=H, fps=Fraction(25), audio_rate=16000, audio_channels=1)
+    with pytest.raises(AvatarRenderError, match="other encoder settings"):
+        Mp4Writer(other, resume=WriterResume(position=at, replay=replay))
+    with pytest.raises(AvatarRenderError, match="does not match its journal"):
+        Mp4Writer(_spec(path), resume=WriterResume(position=dataclasses.replace(at, bytes=at.bytes - 1), replay=replay))
+    path.write_bytes(path.read_bytes()[: at.bytes - 100])
+    with pytest.raises(AvatarRenderError, match="shorter than the journal says"):
+        Mp4Writer(_spec(path), resume=WriterResume(position=at, replay=replay))
+    with pytest.raises(AvatarRenderError, match="does not exist"):
+        Mp4Writer(_spec(tmp_path / "gone.mp4"), resume=WriterResume(position=at, replay=replay))
+
+
+def test_mark_failure_reaches_the_caller(tmp_path: Path) -> None:
+    def fail(position: WriterPosition) -> None:
+        raise AvatarRenderError("Could not write the journal.")
+
+    writer = Mp4Writer(_spec(tmp_path / "m.mp4"))
+    frames, audio = next(_chunks([5], Fraction(25), 16000, 1))
+    writer.put(frames, audio)
+    writer.mark(fail)
+    with pytest.raises(AvatarRenderError, match="Could not write the journal"):
+        for _ in range(50):
+            writer.put(frames, audio)
+            time.sleep(0.01)
+    writer.abort()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from avatar_render.models.image_encoder import ImageEncoder, ImageEncoderConfig
 from avatar_render.models.text_encoder import TextEncoder, TextEncoderConfig
 from avatar_render.models.vae import VaeConfig, WanVae
 from avatar_render.models.weights import TorchModule
+from avatar_render.pipeline.module import Placement
 
 WAV2VEC_DIR = "chinese-wav2vec2-base"  # the audio encoder the family uses, beside or inside the model folder
 
@@ -32,9 +33,29 @@ class DiTModule(TorchModule):
 
     def __init__(self, config: DiTConfig, *, root: Optional[Path], audio_module: Optional[Path],
                  loras: tuple[tuple[Path, float], ...] = (), device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> None:
+                 dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                 parallel: Optional[Callable[[nn.Module], None]] = None) -> None:
         super().__init__(device=device, dtype=dtype, seed=seed)
         self.config, self.root, self.audio_module, self.loras = config, root, audio_module, loras
+        self.parallel = parallel  # shards / splits the loaded net across processes (dist.parallelize)
+
+    def _load(self) -> None:
+        super()._load()
+        if self.parallel is not None:
+            self.parallel(self.net)
+
+    def load(self) -> None:
+        super().load()
+        if self.parallel is not None:
+            self.placement = Placement.SHARDED
+
+    def offload(self) -> None:
+        if self.parallel is None:  # sharded: FSDP's offload policy decides where the shards live
+            super().offload()
+
+    def prefetch(self) -> None:
+        if self.parallel is None:
+            super().prefetch()
 
     def weight_files(self) -> list[Path]:
         if self.root is None:
@@ -92,8 +113,10 @@ def architectures(size: str) -> Architectures:
     return Architectures(dit=DiTConfig.infinitetalk_14b(), vae=VaeConfig(), text=TextEncoderConfig(), image=ImageEncoderConfig(), audio=None)
 
 
-def make_components(m: ModelConfig, *, seed: int) -> Components:
-    device = resolve_device(m.device)
+def make_components(m: ModelConfig, *, seed: int, parallel: Optional[Callable[[nn.Module], None]] = None,
+                    device: Optional[torch.device] = None) -> Components:
+    """``parallel``: applied to the loaded DiT (multi-process); ``device``: this process's GPU there."""
+    device = resolve_device(m.device) if device is None or resolve_device(m.device).type == "cpu" else device
     dtype = getattr(torch, m.dtype)
     root = Path(m.root).expanduser() if m.root else None
     if root is not None and not root.is_dir():
@@ -111,7 +134,7 @@ def make_components(m: ModelConfig, *, seed: int) -> Components:
     loras = ((Path(m.lora).expanduser(), m.lora_scale),) if m.lora else ()
     kw = dict(device=device, seed=seed)
     return Components(
-        dit=DiTModule(dit_cfg, root=root, audio_module=audio_module, loras=loras, dtype=dtype, **kw),
+        dit=DiTModule(dit_cfg, root=root, audio_module=audio_module, loras=loras, dtype=dtype, parallel=parallel, **kw),
         vae=WanVae(vae_cfg, path=root, dtype=torch.float32, **kw),
         text=TextEncoder(text_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, **kw),
         image=ImageEncoder(image_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, **kw),

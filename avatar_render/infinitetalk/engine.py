@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from avatar_render.config import Config
+from avatar_render.dist.mesh import current as current_mesh
+from avatar_render.dist.parallelize import dit_plan
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.a2v import A2VStage
 from avatar_render.infinitetalk.components import make_components
@@ -32,7 +34,8 @@ def check_sizes(cfg: Config) -> None:
 def build_infinitetalk(cfg: Config) -> Pipeline:
     check_sizes(cfg)
     m, c = cfg.model, cfg.chunk
-    comps = make_components(m, seed=cfg.seed)
+    mesh = current_mesh()
+    comps = make_components(m, seed=cfg.seed, parallel=dit_plan(cfg.dist, mesh), device=mesh.device if mesh.distributed else None)
     context_latents = 1 + (c.context_frames - 1) // TIME_STRIDE
     new_latents = c.chunk_frames // TIME_STRIDE + 1  # N0 holds the reference latent too
     max_latents = max(context_latents + new_latents, c.transition_frames // TIME_STRIDE + 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -10,9 +11,9 @@ from typing import Any, Callable, Iterator, Protocol, get_type_hints
 import numpy as np
 
 from avatar_render.pipeline.module import Module
-from avatar_render.pipeline.schedule import iter_schedule
+from avatar_render.pipeline.schedule import ChunkPlan, iter_schedule
 from avatar_render.pipeline.stage import Stage, check_chain
-from avatar_render.pipeline.state import RollingState
+from avatar_render.pipeline.state import CannotResume, Checkpoint, RollingState
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, Published, RequestInput, Segment
 
 
@@ -52,6 +53,12 @@ class Pipeline:
         segment_type = get_type_hints(self.generate[-1].output_type.segment).get("return", Segment) if self.generate else Segment
         check_chain((self.decode,), first_input=segment_type, last_output=Frames)
 
+    def audio_kept_from(self, plan: ChunkPlan) -> int:
+        """The first frame whose audio the chunk loop may still read once ``plan`` is done: I chunks
+        reach back before the next N chunk, and each window has ``audio_pad_s`` on either side."""
+        C, T = self.sizes.chunk_frames, self.sizes.transition_frames
+        return max(0, plan.start - C - T - 1 - math.ceil(self.audio_pad_s * self.fps))
+
     def modules(self) -> tuple[Module, ...]:
         stages = (self.init, *self.generate, self.decode)
         return tuple(m for s in stages for m in s.modules())
@@ -66,21 +73,41 @@ class Pipeline:
     def stream(
         self, static: Any, audio: AudioSource, *, seed: int,
         clock: Callable[[str], AbstractContextManager] = lambda name: nullcontext(),
-    ) -> Iterator[Published]:
+        resume: Checkpoint | None = None, checkpoints: bool = False,
+    ) -> Iterator[Published | Checkpoint]:
         """Run the chunk loop; yield every output frame exactly once, in order, as soon as it is final.
-        ``clock(stage_name)`` times each stage call."""
-        state = RollingState(
-            carries=tuple(s.init_carry(static) for s in self.generate),
-            decode_carry=self.decode.init_carry(static),
-        )
+        ``clock(stage_name)`` times each stage call.
+
+        With ``checkpoints``, a ``Checkpoint`` follows the publications of every plan entry; given one
+        as ``resume`` (from the same static conditioning, audio and seed), the loop goes on from there
+        and yields exactly what the uninterrupted loop would have yielded after it. The audio before
+        that point is decoded again (fast-forward), not processed.
+        """
+        C, T = self.sizes.chunk_frames, self.sizes.transition_frames
+        if resume is None:
+            state = RollingState(
+                carries=tuple(s.init_carry(static) for s in self.generate),
+                decode_carry=self.decode.init_carry(static),
+            )
+            done = 0
+        else:
+            state, done = resume.state, resume.plans_done
+            if len(state.carries) != len(self.generate):
+                raise CannotResume("The saved state does not fit this backend's stages, so the render cannot be resumed.")
         plans = iter_schedule(
-            chunk_frames=self.sizes.chunk_frames,
-            transition_frames=self.sizes.transition_frames,
+            chunk_frames=C,
+            transition_frames=T,
             context_frames=self.sizes.context_frames,
             lead_frames=self.sizes.lead_frames,
             frames_upto=audio.probe,
         )
-        for plan in plans:
+        number = -1
+        for number, plan in enumerate(plans):
+            if number < done:
+                if number == done - 1 and plan != resume.last_plan:
+                    raise CannotResume("The saved chunk plan does not match this audio and config, so the render cannot be resumed.")
+                audio.release(self.audio_kept_from(plan))
+                continue
             with clock("audio"):
                 window = audio.model_audio(plan.start, plan.end, pad_s=self.audio_pad_s)
             x: Any = ChunkInput(
@@ -115,5 +142,9 @@ class Pipeline:
                     out_audio = audio.output_audio(segment.start, segment.end)
                 yield Published(plan=plan, start=frames.start, frames=frames.frames, audio=out_audio)
                 # I chunks reach back before what was published last: keep their audio.
-                audio.release(max(0, segment.start - self.sizes.transition_frames - 1))
+                audio.release(max(0, segment.start - T - 1 - math.ceil(self.audio_pad_s * self.fps)))
+            if checkpoints:
+                yield Checkpoint(plans_done=number + 1, last_plan=plan, state=state)
+        if number + 1 < done:
+            raise CannotResume("The saved chunk plan is longer than this audio, so the render cannot be resumed.")
         assert not state.pending and not state.anchors, "every frame published, every anchor used"

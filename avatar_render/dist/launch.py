@@ -1,0 +1,241 @@
+"""Process-group setup and teardown for one request across the processes of a ``torchrun`` launch.
+
+An error on any process must end every process quickly with one message: a process blocked in a
+collective never sees a peer's exception. So each process watches a key in the launcher's store from
+a thread. The first process to fail claims the key and reports its error; every other process that
+sees the key (or fails later) exits at once with status 1 and prints nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from datetime import timedelta
+from functools import partial as bind
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+from typing import TYPE_CHECKING
+
+from avatar_render.dist.mesh import Launch, Mesh, build_mesh, pick_device, set_current, single
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+from avatar_render.errors import AvatarRenderError
+
+ABORT_KEY = "avatar_render/abort"
+POLL_S = 0.1  # how often each process looks for a peer's failure
+REPORT_WAIT_S = 5.0  # the longest a process waits for the failing one to report before it exits
+EXIT_GRACE_S = 2.0
+PEER_EXIT = 1  # exit status of a process ended because another one failed
+TEST_FAIL_ENV = "AVATAR_RENDER_TEST_FAIL_RANK"  # tests only: raise on this rank while loading the DiT
+
+
+def _store(launch: Launch, *, master: bool) -> "dist.TCPStore":
+    import torch.distributed as dist
+
+    return dist.TCPStore(launch.master_addr, launch.master_port, launch.world, is_master=master,
+                         timeout=timedelta(seconds=60), wait_for_workers=False)
+
+
+class AbortWatch:
+    """A daemon thread that ends this process when another process claims the abort key."""
+
+    def __init__(self, launch: Launch, on_abort: Optional[Callable[[], None]] = None) -> None:
+        self.launch = launch
+        self.on_abort = on_abort  # best-effort cleanup before this process is ended
+        self.key = f"{ABORT_KEY}/{launch.restart}"
+        self.stopping = threading.Event()
+        self.store = _store(launch, master=False)
+        self.thread = threading.Thread(target=self._watch, name="abort-watch", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        store = _store(self.launch, master=False)  # its own connection: the main thread uses the other
+        while not self.stopping.wait(POLL_S):
+            try:
+                claimed = store.check([self.key]) and store.get(self.key).decode() != str(self.launch.rank)
+            except Exception:  # noqa: BLE001 - the store is gone: the launcher is ending the job
+                claimed = not self.stopping.is_set()
+            if claimed and not self.stopping.is_set():
+                self.end(store)
+
+    def end(self, store=None) -> None:
+        """Another process failed: clean up, let it report first, exit silently."""
+        self.wait_for_report(store)
+        if self.on_abort is not None:
+            try:
+                self.on_abort()
+            except Exception:  # noqa: BLE001 - exiting anyway
+                pass
+        _flush()
+        os._exit(PEER_EXIT)
+
+    def wait_for_report(self, store=None) -> None:
+        """Let the failing process print its message and exit first (the launcher then blames it)."""
+        store = store or self.store
+        deadline = time.monotonic() + REPORT_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                if store.check([self.key + "/reported"]):
+                    time.sleep(EXIT_GRACE_S)  # its interpreter is shutting down
+                    return
+            except Exception:  # noqa: BLE001
+                return
+            time.sleep(POLL_S / 2)
+
+    def claim(self) -> bool:
+        """Mark this process as the one that failed; False when another one did first."""
+        mine = str(self.launch.rank).encode()
+        try:
+            now = self.store.compare_set(self.key, "", mine)
+        except Exception:  # noqa: BLE001 - no store: report the error ourselves
+            return True
+        if bytes(now) != mine:
+            return False
+        atexit.register(self._reported)  # after the caller has printed the error
+        return True
+
+    def _reported(self) -> None:
+        _flush()
+        try:
+            self.store.set(self.key + "/reported", "1")
+        except Exception:  # noqa: BLE001
+            pass
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join()
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@contextmanager
+def session(*, sp: int = 1, on_abort: Optional[Callable[[], None]] = None) -> Iterator[Mesh]:
+    """Join the process group of this launch and yield its mesh (a no-op in a single process).
+    ``on_abort`` runs (best effort) when another process's failure ends this one."""
+    launch = Launch.from_env()
+    if launch.world == 1:
+        yield single()
+        return
+    import torch.distributed as dist
+
+    master = launch.rank == 0 and not launch.agent_store
+    store = _store(launch, master=master)
+    watch = AbortWatch(launch, on_abort)
+    try:
+        device, backend = pick_device(launch)
+        dist.init_process_group(backend, store=dist.PrefixStore("avatar_render/pg", store),
+                                rank=launch.rank, world_size=launch.world, device_id=device if backend == "nccl" else None)
+        mesh = build_mesh(launch, sp=sp, device=device, backend=backend)
+        set_current(mesh)
+        yield mesh
+        dist.barrier()
+    except BaseException as exc:
+        if not watch.claim():  # another process failed first and says so
+            watch.stop()
+            watch.end()
+        watch.stop()
+        if dist.is_initialized() and dist.get_backend() == "gloo":
+            dist.destroy_process_group()  # local for gloo; left alive it holds up this process's exit
+        if isinstance(exc, AvatarRenderError):
+            raise AvatarRenderError(f"{str(exc).rstrip('.')} (process {launch.rank} of {launch.world}).") from None
+        raise
+    finally:
+        set_current(None)
+    watch.stop()
+    dist.destroy_process_group()
+
+
+def fingerprint(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def agree(mesh: Mesh, what: str, value: object) -> None:
+    """Fail unless every process holds the same ``value`` (a JSON-able plan, seed, config)."""
+    if not mesh.distributed:
+        return
+    import torch.distributed as dist
+
+    mine = fingerprint(value)
+    seen: list = [None] * mesh.world
+    dist.all_gather_object(seen, mine)
+    if len(set(seen)) > 1:
+        odd = [r for r, h in enumerate(seen) if h != seen[0]]
+        raise AvatarRenderError(f"The processes disagree on the {what} (process {odd[0]} differs from process 0); start them all with the same command.")
+
+
+def broadcast(mesh: Mesh, value: object) -> object:
+    """Process 0's ``value`` on every process."""
+    if not mesh.distributed:
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def injected_failure(mesh: Mesh) -> None:
+    """Tests only: fail on the rank named by the test environment variable."""
+    if mesh.distributed and os.environ.get(TEST_FAIL_ENV) == str(mesh.rank):
+        raise AvatarRenderError("Injected failure for testing")
+
+
+def distributed(render: Callable) -> Callable:
+    """Wrap the library's ``render(request, ...)``: under torchrun, process 0 renders and writes,
+    the others run the same chunk loop without writing; all return process 0's report."""
+
+    @functools.wraps(render)
+    def wrapper(request, **kw):
+        if Launch.from_env().world == 1:
+            return render(request, **kw)
+        from avatar_render.dist.follow import follow
+
+        cfg = request.config
+        writer = Launch.from_env().rank == 0
+        with session(sp=cfg.dist.sp, on_abort=bind(forget_empty_render, Path(request.output)) if writer else None) as mesh:
+            if request.resume:
+                raise AvatarRenderError("--resume is not supported yet with more than one process; resume with a single process or start over with --force.")
+            agree(mesh, "seed and config", {"seed": cfg.seed, "config": repr(cfg)})
+            if mesh.is_writer:
+                report = render(request, **kw)
+            else:
+                report = None
+                follow(request)
+            return broadcast(mesh, report)
+
+    return wrapper
+
+
+def forget_empty_render(output: Path) -> None:
+    """Remove the partial file and journal of a render that committed no frame (those that did are
+    kept for a resume, as after any crash)."""
+    from avatar_render.api import partial_path
+    from avatar_render.journal import Journal, journal_path
+
+    folder = journal_path(output)
+    commit = Journal(folder, lock_fd=-1).commit_info if folder.is_dir() else None  # read only, no lock
+    if commit is None or not commit.frames:
+        partial_path(output).unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def is_writer_process() -> bool:
+    """True except in the processes of a torchrun launch that do not write (rank > 0)."""
+    return Launch.from_env().rank == 0

@@ -1,0 +1,103 @@
+"""The encoders behind the MP4 writer (x264 with zero latency, FFmpeg's AAC), the final stream copy
+into a regular MP4, and the wording of file errors."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import av
+
+from avatar_render.errors import AvatarRenderError
+
+if TYPE_CHECKING:
+    from avatar_render.io.writer import WriterSpec
+
+KEYINT_SECONDS = 10  # longest stretch without a keyframe when chunks are long
+
+
+def remux_faststart(src: Path, dst: Path) -> None:
+    """Write the fragmented file ``src`` as a regular MP4 with its index in front to ``dst`` (a
+    stream copy; ``dst`` may be ``src``). Raises AvatarRenderError when it cannot be written.
+
+    Fragmented MP4 makes FFmpeg-based players report the AAC priming as a negative start time
+    (so the container duration runs long), and tools without fragment support cannot read it. The
+    copy is written beside ``dst`` and moved over it, so a crash leaves ``src`` intact.
+    """
+    src, dst = Path(src), Path(dst)
+    part = dst.with_name(dst.stem + ".remux" + dst.suffix)
+    try:
+        with av.open(str(src)) as source, av.open(str(part), "w", format="mp4", options={"movflags": "faststart"}) as out:
+            streams = {s.index: out.add_stream_from_template(s) for s in source.streams}
+            for packet in source.demux():
+                if packet.dts is None:  # the demuxer's end-of-stream marker
+                    continue
+                packet.stream = streams[packet.stream.index]
+                out.mux(packet)
+        os.replace(part, dst)
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        raise AvatarRenderError(write_error(dst, exc)) from None
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+
+
+def open_video_encoder(spec: WriterSpec) -> av.VideoCodecContext:
+    codec = av.CodecContext.create("libx264", "w")
+    codec.width, codec.height = spec.width, spec.height
+    codec.pix_fmt = "yuv420p"
+    codec.time_base = 1 / spec.fps
+    codec.framerate = spec.fps
+    keyint = 2 * math.ceil(KEYINT_SECONDS * spec.fps)  # a backstop for chunks longer than that
+    # zerolatency: no B-frames, no lookahead, slice threads instead of frame threads, so each
+    # frame's packet comes out of encode() at once. Keyframes are forced at chunk starts.
+    params = f"keyint={keyint}:scenecut=0:forced-idr=1:colorprim=bt709:transfer=bt709:colormatrix=bt709"
+    codec.options = {
+        "preset": spec.preset,
+        "tune": "zerolatency",
+        "crf": str(spec.crf),
+        "x264-params": params,
+        "flags": "+global_header",  # SPS/PPS go to extradata (for avcC), not into the stream
+    }
+    if spec.crf > 0:  # lossless needs the High 4:4:4 profile, which x264 picks itself
+        codec.options["profile"] = "high"
+    codec.open()
+    return codec
+
+
+def open_audio_encoder(spec: WriterSpec) -> av.AudioCodecContext:
+    codec = av.CodecContext.create("aac", "w")
+    codec.sample_rate = spec.audio_rate
+    codec.layout = "mono" if spec.audio_channels == 1 else "stereo"
+    codec.format = "fltp"
+    codec.bit_rate = spec.audio_bitrate
+    codec.time_base = Fraction(1, spec.audio_rate)
+    codec.options = {"flags": "+global_header"}
+    codec.open()
+    return codec
+
+
+def create_error(path: Path, exc: OSError) -> str:
+    if isinstance(exc, FileNotFoundError) and not Path(path).parent.is_dir():
+        return f"Could not create '{path}': the folder '{Path(path).parent}' does not exist."
+    if isinstance(exc, FileNotFoundError):
+        return f"Could not open '{path}': it does not exist."
+    if isinstance(exc, PermissionError):
+        return f"Could not create '{path}': permission denied."
+    return f"Could not create '{path}': {_reason(exc)}."
+
+
+def write_error(path: Path, exc: OSError) -> str:
+    return f"Could not write '{path}': {_reason(exc)}."
+
+
+def _reason(exc: OSError) -> str:
+    text = os.strerror(exc.errno) if exc.errno else str(exc)
+    if exc.errno == errno.EFBIG:
+        text = "the file is larger than this system allows"
+    return text[:1].lower() + text[1:]

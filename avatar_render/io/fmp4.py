@@ -1,0 +1,270 @@
+"""Fragmented MP4 boxes (ISO/IEC 14496-12; H.264 per 14496-15, AAC per 14496-14).
+
+``Fmp4Muxer`` writes an init segment (``ftyp`` + ``moov`` without samples), then one ``moof`` +
+``mdat`` per call, each flushed to the operating system at once. Its counters (``MuxerState``) are
+all it needs to go on appending to a file cut back to a fragment boundary; ``scan_fragments``
+checks that a file holds whole fragments up to a given byte offset.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import BinaryIO
+
+AAC_FRAME = 1024  # samples per AAC frame
+AAC_PRIMING = 1024  # silent samples FFmpeg's native aac encoder puts before the first input sample
+_MOVIE_TIMESCALE = 1000
+_VIDEO_ID, _AUDIO_ID = 1, 2
+_SYNC_SAMPLE, _NON_SYNC_SAMPLE = 0x02000000, 0x01010000  # trun sample_flags
+_MATRIX = struct.pack(">9I", 0x10000, 0, 0, 0, 0x10000, 0, 0, 0, 0x40000000)
+
+
+@dataclass(frozen=True)
+class Sample:
+    data: bytes
+    duration: int  # in the track's timescale
+    key: bool
+
+
+@dataclass(frozen=True)
+class Tracks:
+    """What the init segment describes: one H.264 and one AAC track."""
+
+    width: int
+    height: int
+    fps: Fraction
+    audio_rate: int
+    audio_channels: int
+    audio_bitrate: int
+    avc_extradata: bytes  # Annex B SPS + PPS
+    aac_extradata: bytes  # AudioSpecificConfig
+
+
+@dataclass(frozen=True)
+class MuxerState:
+    sequence: int = 0  # fragments written
+    video_time: int = 0  # decode time of the next video sample, video timescale
+    audio_time: int = 0  # decode time of the next audio sample, audio timescale (priming included)
+
+
+class Fmp4Muxer:
+    def __init__(self, file: BinaryIO, tracks: Tracks, state: MuxerState = MuxerState()):
+        self.file = file
+        self.tracks = tracks
+        # Like FFmpeg, scale tiny timescales (25) up so players need no rounding: 25 fps -> 12800.
+        scale = 1
+        while tracks.fps.numerator * scale < 10000:
+            scale *= 2
+        self.video_timescale = tracks.fps.numerator * scale
+        self.frame_duration = tracks.fps.denominator * scale
+        self.sequence = state.sequence
+        self.video_time = state.video_time
+        self.audio_time = state.audio_time
+
+    @property
+    def state(self) -> MuxerState:
+        return MuxerState(sequence=self.sequence, video_time=self.video_time, audio_time=self.audio_time)
+
+    def write_init(self) -> None:
+        self._write(self.init_segment())
+
+    def write_fragment(self, video: list[Sample], audio: list[Sample]) -> None:
+        runs = [(_VIDEO_ID, self.video_time, video), (_AUDIO_ID, self.audio_time, audio)]
+        runs = [run for run in runs if run[2]]
+        if not runs:
+            return
+        self.sequence += 1
+        moof = self._moof(runs, 0)
+        moof = self._moof(runs, len(moof) + 8)  # data offsets need the moof's own size
+        mdat = b"".join(s.data for _, _, samples in runs for s in samples)
+        self._write(moof + struct.pack(">I4s", 8 + len(mdat), b"mdat") + mdat)
+        self.video_time += sum(s.duration for s in video)
+        self.audio_time += sum(s.duration for s in audio)
+
+    def _write(self, data: bytes) -> None:
+        """Write all of ``data`` to the (unbuffered) file; when that fails (a full disk), cut the file
+        back to where it was, so that it still ends with a whole fragment."""
+        start = self.file.tell()
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[self.file.write(view) :]
+        except OSError:
+            try:
+                self.file.truncate(start)
+                self.file.seek(start)
+            except OSError:
+                pass
+            raise
+
+    def _moof(self, runs: list[tuple[int, int, list[Sample]]], data_offset: int) -> bytes:
+        trafs = []
+        for track_id, decode_time, samples in runs:
+            entries = b"".join(
+                struct.pack(">III", s.duration, len(s.data), _SYNC_SAMPLE if s.key else _NON_SYNC_SAMPLE)
+                for s in samples
+            )
+            trafs.append(
+                _box(
+                    b"traf",
+                    _full_box(b"tfhd", 0, 0x020000, struct.pack(">I", track_id)),  # default-base-is-moof
+                    _full_box(b"tfdt", 1, 0, struct.pack(">Q", decode_time)),
+                    # flags: data offset, and per sample: duration, size, flags
+                    _full_box(b"trun", 0, 0x000701, struct.pack(">Ii", len(samples), data_offset), entries),
+                )
+            )
+            data_offset += sum(len(s.data) for s in samples)
+        return _box(b"moof", _full_box(b"mfhd", 0, 0, struct.pack(">I", self.sequence)), *trafs)
+
+    def init_segment(self) -> bytes:
+        t = self.tracks
+        rate = t.audio_rate
+        avc1 = _box(
+            b"avc1",
+            bytes(6),
+            struct.pack(">H", 1),  # data_reference_index
+            bytes(16),
+            struct.pack(">HHII", t.width, t.height, 0x480000, 0x480000),  # 72 dpi
+            bytes(4),
+            struct.pack(">H", 1),  # frame_count
+            bytes(32),  # compressorname
+            struct.pack(">Hh", 0x18, -1),
+            _avcc_box(t.avc_extradata),
+        )
+        mp4a = _box(
+            b"mp4a",
+            bytes(6),
+            struct.pack(">H", 1),
+            bytes(8),
+            struct.pack(">HHHH", t.audio_channels, 16, 0, 0),
+            struct.pack(">I", (rate if rate <= 0xFFFF else 0) << 16),
+            _esds_box(t.aac_extradata, t.audio_bitrate),
+        )
+        # The edit list skips the AAC encoder's priming samples so audio starts with the first video
+        # frame; a zero segment duration means "to the end" in a fragmented file.
+        elst = _full_box(b"elst", 0, 0, struct.pack(">IIihh", 1, 0, AAC_PRIMING, 1, 0))
+        mvhd = _full_box(
+            b"mvhd",
+            0,
+            0,
+            struct.pack(">IIIIIH", 0, 0, _MOVIE_TIMESCALE, 0, 0x10000, 0x100),  # duration 0, rate 1.0, volume 1.0
+            bytes(10),
+            _MATRIX,
+            bytes(24),
+            struct.pack(">I", _AUDIO_ID + 1),  # next_track_ID
+        )
+        trex = [_full_box(b"trex", 0, 0, struct.pack(">5I", i, 1, 0, 0, 0)) for i in (_VIDEO_ID, _AUDIO_ID)]
+        return _box(b"ftyp", b"iso5", struct.pack(">I", 512), b"iso5iso6mp41") + _box(
+            b"moov",
+            mvhd,
+            self._trak(_VIDEO_ID, self.video_timescale, avc1, b""),
+            self._trak(_AUDIO_ID, rate, mp4a, _box(b"edts", elst)),
+            _box(b"mvex", *trex),
+        )
+
+    def _trak(self, track_id: int, timescale: int, entry: bytes, edts: bytes) -> bytes:
+        is_video = track_id == _VIDEO_ID
+        width, height = (self.tracks.width, self.tracks.height) if is_video else (0, 0)
+        tkhd = _full_box(
+            b"tkhd",
+            0,
+            3,  # enabled, in movie
+            struct.pack(">5I", 0, 0, track_id, 0, 0),  # times, track_ID, reserved, duration
+            bytes(8),
+            struct.pack(">hhhH", 0, 0, 0 if is_video else 0x100, 0),  # layer, group, volume
+            _MATRIX,
+            struct.pack(">II", width << 16, height << 16),
+        )
+        mdhd = _full_box(b"mdhd", 0, 0, struct.pack(">4IHH", 0, 0, timescale, 0, 0x55C4, 0))  # language 'und'
+        handler, name = (b"vide", b"VideoHandler\0") if is_video else (b"soun", b"SoundHandler\0")
+        hdlr = _full_box(b"hdlr", 0, 0, bytes(4), handler, bytes(12), name)
+        header = _full_box(b"vmhd", 0, 1, bytes(8)) if is_video else _full_box(b"smhd", 0, 0, bytes(4))
+        dinf = _box(b"dinf", _full_box(b"dref", 0, 0, struct.pack(">I", 1), _full_box(b"url ", 0, 1)))
+        empty = struct.pack(">I", 0)
+        stbl = _box(
+            b"stbl",
+            _full_box(b"stsd", 0, 0, struct.pack(">I", 1), entry),
+            _full_box(b"stts", 0, 0, empty),
+            _full_box(b"stsc", 0, 0, empty),
+            _full_box(b"stsz", 0, 0, empty, empty),
+            _full_box(b"stco", 0, 0, empty),
+        )
+        minf = _box(b"minf", header, dinf, stbl)
+        return _box(b"trak", tkhd, edts, _box(b"mdia", mdhd, hdlr, minf))
+
+
+def scan_fragments(file: BinaryIO, end: int) -> int:
+    """Check that bytes [0, end) of ``file`` are an init segment followed by whole moof + mdat pairs;
+    return the sequence number of the last fragment (0 if none). Reads box headers only.
+    Raises ValueError naming what is wrong."""
+    pos, kinds, sequence = 0, [], 0
+    while pos < end:
+        file.seek(pos)
+        header = file.read(16)
+        if len(header) < 8:
+            raise ValueError(f"the file ends inside a box header at byte {pos}")
+        size, kind = struct.unpack(">I4s", header[:8])
+        if size == 1 and len(header) == 16:
+            size = struct.unpack(">Q", header[8:])[0]
+        if size < 8 or pos + size > end:
+            raise ValueError(f"the box at byte {pos} does not end at a fragment boundary")
+        if kind == b"moof":
+            sequence = _mfhd_sequence(file, pos, size)
+        kinds.append(kind)
+        pos += size
+    if kinds[:2] != [b"ftyp", b"moov"] or kinds[2:] != [b"moof", b"mdat"] * ((len(kinds) - 2) // 2):
+        raise ValueError("the boxes are not an init segment followed by moof + mdat pairs")
+    return sequence
+
+
+def _mfhd_sequence(file: BinaryIO, moof_pos: int, moof_size: int) -> int:
+    file.seek(moof_pos + 8)
+    head = file.read(16)  # mfhd: size, type, version+flags, sequence_number
+    if moof_size < 24 or len(head) < 16 or head[4:8] != b"mfhd":
+        raise ValueError(f"the fragment at byte {moof_pos} has no mfhd box")
+    return struct.unpack(">I", head[12:16])[0]
+
+
+def _box(kind: bytes, *payload: bytes) -> bytes:
+    body = b"".join(payload)
+    return struct.pack(">I4s", 8 + len(body), kind) + body
+
+
+def _full_box(kind: bytes, version: int, flags: int, *payload: bytes) -> bytes:
+    return _box(kind, struct.pack(">I", version << 24 | flags), *payload)
+
+
+def _nal_units(annexb: bytes) -> list[bytes]:
+    # Emulation prevention keeps 00 00 01 out of NAL payloads; a NAL never ends in a zero byte,
+    # so trailing zeros belong to the next 4-byte start code (or are cabac_zero_words filler).
+    return [nal.rstrip(b"\0") for nal in annexb.split(b"\0\0\1")[1:]]
+
+
+def annexb_to_avcc(annexb: bytes) -> bytes:
+    return b"".join(struct.pack(">I", len(nal)) + nal for nal in _nal_units(annexb))
+
+
+def _avcc_box(extradata: bytes) -> bytes:
+    nals = _nal_units(extradata)
+    sps = [n for n in nals if n[0] & 0x1F == 7]
+    pps = [n for n in nals if n[0] & 0x1F == 8]
+    body = bytes([1, sps[0][1], sps[0][2], sps[0][3], 0xFF, 0xE0 | len(sps)])
+    body += b"".join(struct.pack(">H", len(n)) + n for n in sps)
+    body += bytes([len(pps)]) + b"".join(struct.pack(">H", len(n)) + n for n in pps)
+    if sps[0][1] not in (66, 77, 88):  # High profiles add chroma format (4:2:0) and bit depths (8)
+        body += bytes([0xFC | 1, 0xF8, 0xF8, 0])
+    return _box(b"avcC", body)
+
+
+def _descriptor(tag: int, payload: bytes) -> bytes:
+    size = len(payload)
+    length = bytes([0x80 | (size >> 21 & 0x7F), 0x80 | (size >> 14 & 0x7F), 0x80 | (size >> 7 & 0x7F), size & 0x7F])
+    return bytes([tag]) + length + payload
+
+
+def _esds_box(asc: bytes, bitrate: int) -> bytes:
+    config = struct.pack(">BBBHII", 0x40, 0x15, 0, 0, bitrate, bitrate)  # AAC, audio stream, buffer, max, avg
+    es = struct.pack(">HB", _AUDIO_ID, 0) + _descriptor(0x04, config + _descriptor(0x05, asc))
+    return _full_box(b"esds", 0, 0, _descriptor(0x03, es + _descriptor(0x06, b"\x02")))

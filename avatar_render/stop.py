@@ -1,0 +1,76 @@
+"""Clean stops: the first SIGINT or SIGTERM lets the render finish its chunk, a second stops it at once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Callable, Optional
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopNow(BaseException):
+    """Raised in the main thread by a second stop signal (a BaseException, like KeyboardInterrupt,
+    so that no ``except Exception`` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class RenderStopped(Exception):
+    """The render stopped on request before its end; the partial output and its journal are kept."""
+
+    def __init__(self, *, output: Path, partial: Path, frames: int, seconds: float, at_once: bool) -> None:
+        self.output, self.partial, self.frames, self.seconds, self.at_once = output, partial, frames, seconds, at_once
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        how = "at once" if self.at_once else "after the current chunk"
+        if not self.frames:
+            return f"Stopped {how}, before the first chunk was written; nothing to resume."
+        if self.at_once:  # the file may hold chunks past the journal's last record
+            return (f"Stopped at once: '{self.partial}' plays up to its last complete chunk; run the same command "
+                    f"with --resume to continue from frame {self.frames} ({self.seconds:.1f} s).")
+        return (f"Stopped after the current chunk: '{self.partial}' holds the first {self.frames} frames "
+                f"({self.seconds:.1f} s); run the same command with --resume to continue.")
+
+
+class StopSignals:
+    """A context manager for the main thread: while active, the first SIGINT/SIGTERM only records a
+    stop request (``stop()`` turns true, ``on_first(signum)`` is called), a second raises StopNow.
+    Elsewhere than in the main thread it installs nothing."""
+
+    def __init__(self, on_first: Optional[Callable[[int], None]] = None) -> None:
+        self.signum: Optional[int] = None
+        self._on_first = on_first
+        self._previous: dict[int, object] = {}
+
+    def __call__(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's code for death by the signal received (130 for SIGINT, 143 for SIGTERM)."""
+        return 128 + (self.signum or signal.SIGINT)
+
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self.signum is not None:
+            raise StopNow(signum)
+        self.signum = signum
+        if self._on_first is not None:
+            self._on_first(signum)
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()

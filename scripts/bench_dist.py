@@ -1,0 +1,152 @@
+"""Stage switches of one render: per-stage times and the visible overhead of each switch.
+
+The switch from stage A to stage B is timed from the last module forward of A to the first module
+forward of B (every nn.Module call is watched). In between, the modules A used that B does not are
+offloaded and B's modules are prefetched; that part is reported separately. Run it in one process
+or under torchrun (process 0 prints):
+
+    python scripts/bench_dist.py -c configs/tiny.yaml
+    torchrun --nproc-per-node 8 scripts/bench_dist.py -c configs/infinitetalk-480p.yaml
+
+On a CPU or with the tiny model the numbers show the mechanics, not representative speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from avatar_render.api import build_pipeline  # noqa: E402
+from avatar_render.config import load_config  # noqa: E402
+from avatar_render.dist.launch import session  # noqa: E402
+from avatar_render.io.audio import AudioReader  # noqa: E402
+from avatar_render.io.reference import load_reference  # noqa: E402
+from avatar_render.pipeline.types import RequestInput  # noqa: E402
+
+
+class Timeline:
+    """First and last module forward of each stage call, and the time spent switching."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.stage: str | None = None
+        self.first = self.last = None
+        self.prev: tuple[str, float, tuple] | None = None  # (stage, last op, modules)
+        self.stage_s: dict[str, list[float]] = defaultdict(list)
+        self.visible_s: dict[str, list[float]] = defaultdict(list)
+        self.move_s: dict[str, list[float]] = defaultdict(list)
+
+    def op_start(self, module, args) -> None:
+        if self.stage is not None and self.first is None:
+            self.sync()
+            self.first = time.perf_counter()
+
+    def op_end(self, module, args, output) -> None:
+        if self.stage is not None:
+            self.sync()
+            self.last = time.perf_counter()
+
+    def run(self, stage, x, static, carry):
+        mods = stage.modules()
+        t0 = time.perf_counter()
+        if self.prev is not None:
+            for m in self.prev[2]:
+                if m not in mods:
+                    m.offload()
+        for m in mods:
+            m.prefetch()
+        self.sync()
+        moved = time.perf_counter() - t0
+        self.stage, self.first, self.last = stage.name, None, None
+        start = time.perf_counter()
+        out = stage.run(x, static=static, carry=carry)
+        self.sync()
+        self.stage_s[stage.name].append(time.perf_counter() - start)
+        if self.first is not None:
+            if self.prev is not None:
+                key = f"{self.prev[0]} -> {stage.name}"
+                self.visible_s[key].append(self.first - self.prev[1])
+                self.move_s[key].append(moved)
+            self.prev = (stage.name, self.last, mods)
+        self.stage = None
+        return out
+
+
+class Timed:
+    """A stage whose calls go through the timeline (same name, types and modules)."""
+
+    def __init__(self, inner, timeline: Timeline) -> None:
+        self.inner, self.timeline = inner, timeline
+        self.name, self.input_type, self.output_type = inner.name, inner.input_type, inner.output_type
+
+    def modules(self):
+        return self.inner.modules()
+
+    def init_carry(self, static):
+        return self.inner.init_carry(static)
+
+    def run(self, x, *, static, carry):
+        return self.timeline.run(self.inner, x, static, carry)
+
+
+def ms(values: list[float]) -> str:
+    return f"{1000 * statistics.mean(values):9.2f} {1000 * max(values):9.2f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-c", "--config", type=Path, default=ROOT / "configs" / "tiny.yaml")
+    ap.add_argument("--ref", type=Path, default=ROOT / "examples" / "face.png")
+    ap.add_argument("--audio", type=Path, default=ROOT / "examples" / "talk.wav")
+    ap.add_argument("--seconds", type=float, default=3.0, help="audio rendered (from its start)")
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_args()
+    cfg = load_config(a.config, tuple(a.overrides))
+    with session(sp=cfg.dist.sp) as mesh:
+        pipeline = build_pipeline(cfg)
+        tl = Timeline(mesh.device)
+        reference = load_reference(a.ref)
+        with AudioReader(a.audio, fps=cfg.fps, model_rate=pipeline.audio_rate) as audio:
+            static = pipeline.prepare(RequestInput(reference=reference, reference_path=a.ref,
+                                                   width=cfg.video.width, height=cfg.video.height, seed=cfg.seed))
+            timed = dataclasses.replace(pipeline, generate=tuple(Timed(s, tl) for s in pipeline.generate),
+                                        decode=Timed(pipeline.decode, tl))
+            hooks = (torch.nn.modules.module.register_module_forward_pre_hook(tl.op_start),
+                     torch.nn.modules.module.register_module_forward_hook(tl.op_end))
+            limit = round(a.seconds * float(cfg.fps))
+            t0 = time.perf_counter()
+            frames = 0
+            for item in timed.stream(static, audio, seed=cfg.seed):
+                frames = item.end
+                if frames >= limit:
+                    break
+            wall = time.perf_counter() - t0
+            for h in hooks:
+                h.remove()
+        if not mesh.is_writer:
+            return
+        kind = torch.cuda.get_device_name(mesh.device) if mesh.device.type == "cuda" else "CPU"
+        print(f"devices: {mesh.world} x {kind} ({mesh.backend if mesh.distributed else 'single process'}, sp={mesh.sp}); "
+              f"model: {cfg.model.size}; {frames} frames in {wall:.2f} s")
+        if mesh.device.type != "cuda" or cfg.model.size == "tiny":
+            print("NOTE: CPU and/or tiny model: these timings show the mechanics and are NOT representative of GPU speed.")
+        print(f"\n{'stage':<22}{'calls':>6} {'mean ms':>9} {'max ms':>9}")
+        for name, v in tl.stage_s.items():
+            print(f"{name:<22}{len(v):>6} {ms(v)}")
+        print(f"\n{'switch (visible)':<22}{'calls':>6} {'mean ms':>9} {'max ms':>9}   of which offload+prefetch mean/max ms")
+        for key, v in tl.visible_s.items():
+            print(f"{key:<22}{len(v):>6} {ms(v)}   {ms(tl.move_s[key])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""One request across several processes: real ``torchrun`` launches with gloo on the CPU, tiny model.
+
+Tolerances: renders are compared through the per-chunk SHA-256 of the raw RGB frames (exact) when no
+sequence parallelism is used; with it, through the decoded MP4 frames, at most 2 levels of 255 apart,
+and the DiT's output at most 1e-5 apart (float32 rounding of differently batched matmuls).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from avatar_render.config import load_config
+from avatar_render.dist.launch import TEST_FAIL_ENV, session
+from avatar_render.dist.mesh import Launch
+from avatar_render.errors import AvatarRenderError
+from tests.media import speech_like, write_audio
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+pytestmark = pytest.mark.skipif(not Path(TORCHRUN).exists(), reason="torchrun is not installed")
+
+
+def env(**extra) -> dict:
+    e = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    return {**e, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
+
+
+def torchrun(n: int, args: list[str], *, timeout: float = 90, **extra) -> subprocess.CompletedProcess:
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(n), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env(**extra), capture_output=True, text=True, timeout=timeout)
+
+
+def render_args(tmp: Path, audio: Path, name: str, *overrides: str) -> list[str]:
+    return ["-m", "avatar_render", "render", "--ref", str(ROOT / "examples" / "face.png"), "--audio", str(audio),
+            "-o", str(tmp / f"{name}.mp4"), "-c", str(ROOT / "configs" / "tiny.yaml"), "--report", str(tmp / f"{name}.json"),
+            "video.crf=0", *overrides]
+
+
+def hashes(report: Path) -> list[str]:
+    return [c["frames_sha256"] for c in json.loads(report.read_text())["chunks"]]
+
+
+def decoded(path: Path) -> np.ndarray:
+    with av.open(str(path)) as c:
+        return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)]).astype(np.int16)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """The single-process render every launch is compared with."""
+    tmp = tmp_path_factory.mktemp("single")
+    audio = write_audio(tmp / "s.wav", speech_like(1.5, 16000), 16000)
+    args = render_args(tmp, audio, "one")
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return audio, tmp / "one.mp4", tmp / "one.json"
+
+
+def test_two_processes_render_the_single_process_frames_and_write_once(single, tmp_path):
+    audio, mp4, report = single
+    done = torchrun(2, render_args(tmp_path, audio, "two"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert hashes(tmp_path / "two.json") == hashes(report)
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == ["two.json", "two.mp4"]  # one file, one report, no partial file or journal left
+    assert done.stdout.count("Wrote ") == 1  # the summary comes from process 0 alone
+
+
+def test_four_processes_with_sequence_parallel_match_within_tolerance(single, tmp_path):
+    audio, mp4, _ = single
+    done = torchrun(4, render_args(tmp_path, audio, "four", "dist.sp=2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = decoded(mp4), decoded(tmp_path / "four.mp4")
+    assert a.shape == b.shape
+    assert np.abs(a - b).max() <= 2
+    assert [p.suffix for p in tmp_path.iterdir()].count(".mp4") == 1
+
+
+def test_error_on_one_process_ends_all_with_one_message(single, tmp_path):
+    audio, _, _ = single
+    t0 = time.monotonic()
+    done = torchrun(2, render_args(tmp_path, audio, "bad"), timeout=60, **{TEST_FAIL_ENV: "1"})
+    elapsed = time.monotonic() - t0
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert out.count("Injected failure for testing") == 1
+    assert "process 1 of 2" in out
+    assert "Traceback" not in out.split("Injected failure")[0]  # no worker traceback before the message
+    assert elapsed < 45
+    assert not list(tmp_path.glob("*.mp4"))
+
+
+WORKER = textwrap.dedent('''
+    import json, sys, torch
+    from avatar_render.dist.launch import session
+    from avatar_render.dist.parallelize import local_numel, shard
+    from avatar_render.dist.sequence_parallel import UlyssesOp, apply_sequence_parallel
+    from avatar_render.infinitetalk.components import architectures
+    from avatar_render.models.dit import build_dit, materialize_random
+
+    out, sp, offload = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+    with session(sp=sp) as mesh:
+        c = architectures("tiny").dit
+        g = torch.Generator().manual_seed(1)
+        f, h, w = 3, 2, 6  # 9 tokens: not a multiple of sp, so the padding path runs
+        x = torch.randn(1, c.in_dim, f, h, w, generator=g)
+        args = (x, torch.tensor([700.0]), torch.randn(1, 5, c.text_dim, generator=g), torch.randn(1, 7, c.clip_dim, generator=g),
+                torch.randn(1, c.video_frames(f), c.audio_window, c.audio_layers, c.audio_dim, generator=g))
+        with torch.no_grad():
+            want = materialize_random(build_dit(c), seed=0)(*args)
+            model = materialize_random(build_dit(c), seed=0)
+            if sp > 1:
+                apply_sequence_parallel(model, model.sp_plan, mesh.group("sp"), heads=c.num_heads)
+            shard(model, list(model.blocks), mesh, offload=offload)
+            got = model(*args)
+            again = model(*args)
+        mine, total = local_numel(model)
+        json.dump({"mine": mine, "total": total, "diff": (got - want).abs().max().item(),
+                   "repeat": (again - got).abs().max().item(), "ulysses": isinstance(model.blocks[0].self_attn.op, UlyssesOp),
+                   "sp": mesh.size("sp"), "fsdp": mesh.size("fsdp")}, open(f"{out}.{mesh.rank}", "w"))
+''')
+
+
+def test_sharded_dit_holds_one_nth_and_sequence_parallel_matches(tmp_path):
+    n, sp, offload = 4, 2, 1  # 2 sequence-parallel groups of 2; FSDP over all 4, shards offloaded to the host
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    done = torchrun(n, [str(script), str(tmp_path / "r"), str(sp), str(offload)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads((tmp_path / f"r.{rank}").read_text()) for rank in range(n)]
+    total = results[0]["total"]
+    assert sum(r["mine"] for r in results) == total
+    for r in results:
+        assert r["total"] == total and r["fsdp"] == n and r["sp"] == sp and r["ulysses"]
+        assert abs(r["mine"] / total - 1 / n) < 0.05 / n  # about 1/N each (uneven rows are padded)
+        assert r["diff"] < 1e-5
+        assert r["repeat"] == 0.0  # resharded after forward and gathered again: the same result
+
+
+def test_single_process_session_is_a_no_op():
+    with session(sp=2) as mesh:
+        assert not mesh.distributed and mesh.is_writer and mesh.size("sp") == 1 and mesh.world == 1
+
+
+def test_the_library_entry_imports_without_torch():
+    code = ("import sys; sys.modules['torch'] = None; import avatar_render.api, avatar_render.dist; "
+            "from avatar_render.dist.launch import is_writer_process; assert is_writer_process()")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+
+
+def test_launch_environment_is_checked():
+    assert Launch.from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}).world == 4
+    with pytest.raises(AvatarRenderError, match="RANK=4"):
+        Launch.from_env({"WORLD_SIZE": "4", "RANK": "4"})
+    with pytest.raises(AvatarRenderError, match="integers"):
+        Launch.from_env({"WORLD_SIZE": "two"})
+
+
+def test_dist_config_keys_are_validated():
+    assert load_config(None, ("dist.sp=2", "dist.offload.dit=offloaded")).dist.offload == {"dit": "offloaded"}
+    with pytest.raises(AvatarRenderError, match="dist.sp"):
+        load_config(None, ("dist.sp=0",))
+    with pytest.raises(AvatarRenderError, match="dist.offload"):
+        load_config(None, ("dist.offload.dit=somewhere",))

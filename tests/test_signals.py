@@ -1,0 +1,89 @@
+"""Clean stops: Ctrl-C / SIGTERM finish the chunk, keep a readable partial file and its journal, print
+how to resume and exit 130 / 143; a second Ctrl-C stops at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from avatar_render.api import partial_path
+from avatar_render.journal import journal_path
+from avatar_render.stop import RenderStopped, StopNow, StopSignals
+from tests.test_resume import api_render, assert_same_as_reference, cli, decode, driver, render_args, work  # noqa: F401
+
+DELAY = 0.02  # seconds per decode call, so that the signal lands while the render runs
+
+
+def committed_frames(d, name: str) -> int:
+    return json.loads((journal_path(d / name) / "journal.json").read_text())["commit"]["frames"]
+
+
+def plan_end(hashes_report, call: int) -> int:
+    """Frames published once the chunk-plan entry that runs decode call ``call`` (1-based) is done."""
+    chunks = json.loads(hashes_report.read_text())["chunks"]
+    plan = (chunks[call - 1]["kind"], chunks[call - 1]["index"])
+    return max(c["end"] for c in chunks if (c["kind"], c["index"]) == plan)
+
+
+def stderr_lines(done) -> list[str]:
+    assert "Traceback" not in done.stderr + done.stdout
+    return [line for line in done.stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_first_signal_finishes_the_chunk_and_keeps_a_resumable_file(work, face_png, sig, code):
+    d, audio, _, _ = work
+    name = f"sig{int(sig)}"
+    done = driver([6], sig, *render_args(face_png, audio, f"{name}.mp4"), cwd=d, delay=DELAY)
+    assert done.returncode == code
+    frames = plan_end(d / "ref.json", 6)
+    partial = partial_path(d / f"{name}.mp4")
+    assert stderr_lines(done) == [
+        "Warning: stopping after the current chunk; press Ctrl-C again to stop at once.",
+        f"Warning: Stopped after the current chunk: '{partial.name}' holds the first {frames} frames ({frames / 25:.1f} s); "
+        "run the same command with --resume to continue.",
+    ]
+    assert committed_frames(d, f"{name}.mp4") == frames
+    assert decode(partial)[0] == frames  # a valid file: every frame rendered so far, nothing cut
+    if sig == signal.SIGTERM:
+        return  # resuming after a stop is the same as after SIGINT
+    resumed = cli(*render_args(face_png, audio, f"{name}.mp4", "--resume", "--report", f"{name}.json"), cwd=d)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_as_reference(d, name, work)
+
+
+def test_second_ctrl_c_stops_at_once(work, face_png):
+    d, audio, _, _ = work
+    done = driver([6, 6], signal.SIGINT, *render_args(face_png, audio, "twice.mp4"), cwd=d, delay=DELAY)
+    assert done.returncode == 130
+    lines = stderr_lines(done)
+    frames = committed_frames(d, "twice.mp4")
+    assert lines[-1] == (f"Warning: Stopped at once: 'twice.partial.mp4' plays up to its last complete chunk; run the same "
+                         f"command with --resume to continue from frame {frames} ({frames / 25:.1f} s).")
+    in_file = decode(partial_path(d / "twice.mp4"))[0]  # readable to its last whole fragment
+    assert frames <= in_file < plan_end(d / "ref.json", 6)
+    resumed = cli(*render_args(face_png, audio, "twice.mp4", "--resume", "--report", "twice.json"), cwd=d)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_as_reference(d, "twice", work)
+
+
+def test_stop_signals_in_process():
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+    with StopSignals(on_first=seen.append) as stop:
+        assert not stop()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop() and seen == [signal.SIGTERM] and stop.exit_code == 143
+        with pytest.raises(StopNow):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_stop_before_the_first_chunk_leaves_nothing(work, face_png, tmp_path):
+    _, audio, _, _ = work
+    with pytest.raises(RenderStopped, match="before the first chunk was written; nothing to resume") as stopped:
+        api_render(tmp_path, face_png, audio, "s.mp4", should_stop=lambda: True)
+    assert stopped.value.frames == 0 and list(tmp_path.iterdir()) == []
