@@ -21,20 +21,11 @@ from tests.model_assets import write_clip, write_umt5, write_wav2vec2
 FPS, RATE, HOP = 25, 16000, 640
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are dominated by per-op overhead; several threads only contend on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # -- audio ---------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def audio_encoder(one_thread) -> AudioEncoder:
+def audio_encoder() -> AudioEncoder:
     enc = AudioEncoder(config=TINY_WAV2VEC2, seed=1)
     enc.load()
     return enc

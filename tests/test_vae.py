@@ -20,17 +20,8 @@ from avatar_render.models.vae import (
 from tests.model_assets import write_vae
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are dominated by per-op overhead; several threads only contend on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
-def vae(one_thread) -> WanVae:
+def vae() -> WanVae:
     v = WanVae(VaeConfig.tiny(), seed=3)
     v.load()
     return v
