@@ -20,7 +20,7 @@ BACKENDS = ("preview", "infinitetalk")
 MODEL_SIZES = ("tiny", "14b")
 DTYPES = ("float32", "bfloat16", "float16")
 CONTEXT_MODES = ("latents", "reencode")
-SR_MODES = ("none", "latent2x")
+SR_MODES = ("none",)  # the learned one-step SR stage is still to come
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class ModelConfig:
     lora: Optional[str] = None  # a LoRA safetensors file merged at load (e.g. a few-step distillation)
     lora_scale: float = 1.0
     context_mode: str = "latents"  # how the previous chunk conditions the next: its latents as they are, or re-encoded frames
-    sr: str = "none"  # super-resolution: none | latent2x
+    sr: str = "none"  # super-resolution stage: none (a learned one-step SR is still to come)
     colour_guard: float = 0.0  # 0..1: pull each chunk's colour statistics towards the reference
 
 
