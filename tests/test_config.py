@@ -1,0 +1,28 @@
+from pathlib import Path
+
+import pytest
+
+from avatar_render.config import load_config
+from avatar_render.errors import AvatarRenderError
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_preview_yaml_spells_out_the_defaults():
+    assert load_config(CONFIGS / "preview.yaml") == load_config()
+
+
+@pytest.mark.parametrize("name", ["tiny", "infinitetalk-480p", "infinitetalk-720p", "flashtalk"])
+def test_shipped_configs_load(name):
+    assert load_config(CONFIGS / f"{name}.yaml").backend == "infinitetalk"
+
+
+@pytest.mark.parametrize("override,key", [("preview.fpx=1", "preview.fpx"), ("video.width=abc", "video.width"),
+                                          ("chunk.chunk_frames=0", "chunk.chunk_frames"), ("model.sr=latent2x", "model.sr")])
+def test_bad_keys_are_named(override, key):
+    with pytest.raises(AvatarRenderError, match=key.replace(".", r"\.")):
+        load_config(None, (override,))
+
+
+def test_ntsc_rate_is_exact():
+    assert str(load_config(None, ("preview.fps=29.97",)).fps) == "30000/1001"
