@@ -119,8 +119,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 # ---- attention modules -------------------------------------------------------------------------
 
 
-class SelfAttention(nn.Module):
-    """Self-attention over all video tokens with RMS-normed q/k and 3D RoPE."""
+class _Projections(nn.Module):
+    """q, k, v, o projections with RMS-normed q and k: the layout both Wan attentions share."""
 
     def __init__(self, dim: int, num_heads: int, eps: float) -> None:
         super().__init__()
@@ -132,6 +132,10 @@ class SelfAttention(nn.Module):
         self.norm_q = RMSNorm(dim, eps)
         self.norm_k = RMSNorm(dim, eps)
         self.op = full_attention
+
+
+class SelfAttention(_Projections):
+    """Self-attention over all video tokens with RMS-normed q/k and 3D RoPE."""
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
         """x: [B, L, C] -> [B, L, C]."""
@@ -142,22 +146,14 @@ class SelfAttention(nn.Module):
         return self.o(self.op(q, k, v).flatten(2))
 
 
-class ImageTextCrossAttention(nn.Module):
+class ImageTextCrossAttention(_Projections):
     """Cross-attention to the text tokens plus, with separate k/v, the CLIP image tokens (I2V)."""
 
     def __init__(self, dim: int, num_heads: int, eps: float) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
+        super().__init__(dim, num_heads, eps)
         self.k_img = nn.Linear(dim, dim)
         self.v_img = nn.Linear(dim, dim)
         self.norm_k_img = RMSNorm(dim, eps)
-        self.op = full_attention
 
     def forward(self, x: Tensor, text: Tensor, image: Tensor) -> Tensor:
         """x: [B, L, C], text: [B, L_text, C], image: [B, L_img, C] (embedded) -> [B, L, C]."""
