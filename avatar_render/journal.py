@@ -31,6 +31,7 @@ from typing import Any, Optional
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.io.codecs import os_reason
 from avatar_render.io.writer import WriterPosition
 from avatar_render.pipeline.state import Checkpoint, Flat, flatten, unflatten
 from avatar_render.pipeline.types import Published
@@ -137,11 +138,11 @@ class Journal:
             try:
                 directory.mkdir()
             except OSError as exc:
-                raise AvatarRenderError(f"Could not create the resume journal '{directory}': {_reason(exc)}.") from None
+                raise AvatarRenderError(f"Could not create the resume journal '{directory}': {os_reason(exc)}.") from None
         try:
             fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise AvatarRenderError(f"Could not open the resume journal '{directory}': {_reason(exc)}.") from None
+            raise AvatarRenderError(f"Could not open the resume journal '{directory}': {os_reason(exc)}.") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -166,7 +167,7 @@ class Journal:
             self.meta = {"format": FORMAT, "identity": ident, "commit": None}
             _write_atomic(self.dir / "journal.json", json.dumps(self.meta, indent=1).encode())
         except OSError as exc:
-            raise AvatarRenderError(f"Could not write the resume journal '{self.dir}': {_reason(exc)}.") from None
+            raise AvatarRenderError(f"Could not write the resume journal '{self.dir}': {os_reason(exc)}.") from None
         self.damaged = None
 
     def mismatch(self, ident: dict[str, Any]) -> Optional[str]:
@@ -228,7 +229,7 @@ class Journal:
             if previous is not None and previous.state_file != state_file:
                 (self.dir / previous.state_file).unlink(missing_ok=True)
         except OSError as exc:
-            raise AvatarRenderError(f"Could not write the resume journal '{self.dir}': {_reason(exc)}.") from None
+            raise AvatarRenderError(f"Could not write the resume journal '{self.dir}': {os_reason(exc)}.") from None
 
     def discard(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -294,8 +295,3 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, A
             out += _differences(old.get(key), new.get(key), f"{prefix}{key}" if not prefix else f"{prefix}.{key}")
         return out
     return [] if old == new else [(prefix, old, new)]
-
-
-def _reason(exc: OSError) -> str:
-    text = os.strerror(exc.errno) if exc.errno else str(exc)
-    return text[:1].lower() + text[1:]

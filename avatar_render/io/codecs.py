@@ -89,14 +89,15 @@ def create_error(path: Path, exc: OSError) -> str:
         return f"Could not open '{path}': it does not exist."
     if isinstance(exc, PermissionError):
         return f"Could not create '{path}': permission denied."
-    return f"Could not create '{path}': {_reason(exc)}."
+    return f"Could not create '{path}': {os_reason(exc)}."
 
 
 def write_error(path: Path, exc: OSError) -> str:
-    return f"Could not write '{path}': {_reason(exc)}."
+    return f"Could not write '{path}': {os_reason(exc)}."
 
 
-def _reason(exc: OSError) -> str:
+def os_reason(exc: OSError) -> str:
+    """An OSError as the end of a sentence: 'no space left on device'."""
     text = os.strerror(exc.errno) if exc.errno else str(exc)
     if exc.errno == errno.EFBIG:
         text = "the file is larger than this system allows"

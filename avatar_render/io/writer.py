@@ -39,11 +39,11 @@ import av
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.io.audio import AAC_RATES
 from avatar_render.io.codecs import KEYINT_SECONDS, create_error, open_audio_encoder, open_video_encoder, remux_faststart, write_error
 from avatar_render.io.fmp4 import AAC_FRAME, AAC_PRIMING, Fmp4Muxer, MuxerState, Sample, Tracks, annexb_to_avcc, scan_fragments
 
 PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
-AAC_RATES = (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
 
 _PREROLL_FRAMES = 4  # AAC frames a resumed encoder re-encodes before the join (2 suffice for a clean join)
 
