@@ -32,7 +32,7 @@ from avatar_render.preview.engine import build_preview
 from avatar_render.resume import move_into_place, prior_commit, replay_audio
 from avatar_render.dist.launch import distributed
 from avatar_render.stop import RenderStopped, StopNow
-from avatar_render.telemetry import Telemetry, peak_rss_mb, write_report
+from avatar_render.telemetry import Telemetry, peak_gpu_mb, peak_rss_mb, write_report
 
 OnMessage = Callable[[Literal["info", "warning"], str], None]
 
@@ -77,6 +77,7 @@ class RenderReport:
     peak_rss_mb: float
     stage_s: dict[str, float]
     resumed_frames: int = 0  # frames taken over from an interrupted run (not counted in the speeds)
+    peak_gpu_mb: Optional[float] = None  # GPU memory allocated at the peak (this process), None without a GPU
 
 
 def build_pipeline(cfg: Config) -> Pipeline:
@@ -315,7 +316,7 @@ class _Run:
             wall_s=round(wall, 4), generated_fps=round((frames - resumed) / gen_s, 2),
             realtime_factor=round((duration - resumed / float(cfg.fps)) / wall, 3),
             peak_rss_mb=round(peak_rss_mb(), 1), stage_s={k: round(v, 4) for k, v in telemetry.stage_seconds.items()},
-            resumed_frames=resumed,
+            resumed_frames=resumed, peak_gpu_mb=None if (gpu := peak_gpu_mb()) is None else round(gpu, 1),
         )
         if self.request.report is not None:
             summary = {**dataclasses.asdict(report), "config": OmegaConf.to_container(OmegaConf.structured(cfg))}

@@ -110,6 +110,7 @@ def render(
             f"{result.width}x{result.height} | first frame {result.time_to_first_frame_s:.2f} s | "
             f"{result.generated_fps:.1f} fps generated, {result.realtime_factor:.2f}x real time | "
             f"peak memory {result.peak_rss_mb:.0f} MB"
+            + ("" if result.peak_gpu_mb is None else f", GPU {result.peak_gpu_mb / 1024:.1f} GiB")
         )
 
     _guard(out, debug, run)

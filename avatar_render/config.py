@@ -79,12 +79,15 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class DistConfig:
-    """One request across the processes of a ``torchrun`` launch (ignored in a single process)."""
+    """One request across the processes of a ``torchrun`` launch; in a single process only ``offload``
+    and ``prefetch_blocks`` apply."""
 
     sp: int = 1  # sequence-parallel (Ulysses) degree for the DiT; divides the process count and the heads
     fsdp: bool = True  # shard the DiT's parameters across all processes (FSDP2)
-    offload: dict[str, str] = field(default_factory=lambda: {"dit": "resident"})  # per module: resident | offloaded
-    prefetch_blocks: int = 1  # DiT blocks whose all-gather is issued ahead of the running one
+    # per module: resident | offloaded (blocks in pinned host memory, each copied to the GPU just before
+    # its forward: FSDP2's offload policy under torchrun, a block streamer in one process)
+    offload: dict[str, str] = field(default_factory=lambda: {"dit": "resident"})
+    prefetch_blocks: int = 1  # DiT blocks whose all-gather (or host-to-device copy) is issued ahead of the running one
 
 
 @dataclass(frozen=True)

@@ -32,29 +32,47 @@ from avatar_render.dist.launch import session  # noqa: E402
 from avatar_render.io.audio import AudioReader  # noqa: E402
 from avatar_render.io.reference import load_reference  # noqa: E402
 from avatar_render.pipeline.types import RequestInput  # noqa: E402
+from avatar_render.telemetry import peak_rss_mb  # noqa: E402
 
 
 class Timeline:
-    """First and last module forward of each stage call, and the time spent switching."""
+    """First and last module forward of each stage call, and the time spent switching.
+
+    On a GPU the marks are CUDA events recorded on the compute stream (no synchronisation per
+    module, which would slow the stages down): the switch is the GPU's idle gap between the last
+    kernel of one stage and the first of the next. On a CPU they are wall-clock readings.
+    """
 
     def __init__(self, device: torch.device) -> None:
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.cuda = device.type == "cuda"
         self.stage: str | None = None
         self.first = self.last = None
-        self.prev: tuple[str, float, tuple] | None = None  # (stage, last op, modules)
+        self.prev: tuple[str, object, tuple] | None = None  # (stage, last op's mark, modules)
         self.stage_s: dict[str, list[float]] = defaultdict(list)
         self.visible_s: dict[str, list[float]] = defaultdict(list)
         self.move_s: dict[str, list[float]] = defaultdict(list)
 
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def between(self, a, b) -> float:
+        return a.elapsed_time(b) / 1000 if self.cuda else b - a
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
     def op_start(self, module, args) -> None:
         if self.stage is not None and self.first is None:
-            self.sync()
-            self.first = time.perf_counter()
+            self.first = self.mark()
 
     def op_end(self, module, args, output) -> None:
         if self.stage is not None:
-            self.sync()
-            self.last = time.perf_counter()
+            self.last = self.mark()
 
     def run(self, stage, x, static, carry):
         mods = stage.modules()
@@ -65,8 +83,7 @@ class Timeline:
                     m.offload()
         for m in mods:
             m.prefetch()
-        self.sync()
-        moved = time.perf_counter() - t0
+        moved = time.perf_counter() - t0  # host time issuing the moves (copies may still run)
         self.stage, self.first, self.last = stage.name, None, None
         start = time.perf_counter()
         out = stage.run(x, static=static, carry=carry)
@@ -75,7 +92,7 @@ class Timeline:
         if self.first is not None:
             if self.prev is not None:
                 key = f"{self.prev[0]} -> {stage.name}"
-                self.visible_s[key].append(self.first - self.prev[1])
+                self.visible_s[key].append(self.between(self.prev[1], self.first))
                 self.move_s[key].append(moved)
             self.prev = (stage.name, self.last, mods)
         self.stage = None
@@ -125,19 +142,28 @@ def main() -> None:
                      torch.nn.modules.module.register_module_forward_hook(tl.op_end))
             limit = round(a.seconds * float(cfg.fps))
             t0 = time.perf_counter()
-            frames = 0
+            frames, first = 0, None
             for item in timed.stream(static, audio, seed=cfg.seed):
+                first = time.perf_counter() - t0 if first is None else first
                 frames = item.end
                 if frames >= limit:
                     break
             wall = time.perf_counter() - t0
             for h in hooks:
                 h.remove()
+        cuda = mesh.device.type == "cuda"
+        peak = torch.cuda.max_memory_allocated(mesh.device) / 2**30 if cuda else peak_rss_mb() / 1024
+        peaks = [peak]
+        if mesh.distributed:
+            peaks = [None] * mesh.world
+            torch.distributed.all_gather_object(peaks, peak)
         if not mesh.is_writer:
             return
         kind = torch.cuda.get_device_name(mesh.device) if mesh.device.type == "cuda" else "CPU"
         print(f"devices: {mesh.world} x {kind} ({mesh.backend if mesh.distributed else 'single process'}, sp={mesh.sp}); "
-              f"model: {cfg.model.size}; {frames} frames in {wall:.2f} s")
+              f"model: {cfg.model.size}; {frames} frames in {wall:.2f} s, first frame after {first or 0.0:.2f} s")
+        what = "GPU memory allocated" if cuda else "resident memory"
+        print(f"peak {what} per process (GiB): " + ", ".join(f"{p:.2f}" for p in peaks))
         if mesh.device.type != "cuda" or cfg.model.size == "tiny":
             print("NOTE: CPU and/or tiny model: these timings show the mechanics and are NOT representative of GPU speed.")
         print(f"\n{'stage':<22}{'calls':>6} {'mean ms':>9} {'max ms':>9}")

@@ -3,7 +3,9 @@
 Speed does not depend on the weights' values, so no checkpoint is needed. For each resolution it
 times one DiT forward pass at the chunk's token count, derives time per sampling step (passes per
 step from the guidance settings), per chunk and generated frames per second, times the streaming
-VAE decode of one chunk, and reports peak GPU memory. Prints a table and writes JSON.
+VAE decode of one chunk (float32, as the pipeline runs it, and bfloat16), counts the pass's FLOPs
+to give the achieved TFLOP/s, and reports peak GPU memory; then times the same passes with the DiT's
+blocks streamed from pinned host memory (its peak memory then holds two blocks, not forty). Prints a table and writes JSON.
 
     python scripts/gpu_check.py --out gpu_check.json            # 480p and 720p, InfiniteTalk + FlashTalk recipes
     python scripts/gpu_check.py --sizes 640x640 --repeats 5
@@ -20,7 +22,9 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
+from avatar_render.dist.streaming import BlockStreamer
 from avatar_render.infinitetalk.components import architectures
 from avatar_render.infinitetalk.grid import frames_in
 from avatar_render.models.dit import build_dit, materialize_random
@@ -39,12 +43,16 @@ class Row:
     size: str
     tokens: int
     pass_s: float
+    pass_tflops: float  # achieved: counted FLOPs of one pass / its time
     step_s: float
     chunk_s: float
-    decode_s: float
+    decode_s: float  # VAE decode of one chunk's new latents, in the dtype the pipeline uses (float32)
+    decode_bf16_s: float
     generated_fps: float
     realtime_factor: float
     peak_gib: float
+    streamed_pass_s: float = 0.0  # the DiT's blocks streamed from pinned host memory (dist.offload.dit=offloaded)
+    streamed_peak_gib: float = 0.0
 
 
 def sync(device: torch.device) -> None:
@@ -53,7 +61,6 @@ def sync(device: torch.device) -> None:
 
 
 def timed(fn, device, repeats: int) -> float:
-    fn()  # warm-up
     sync(device)
     t = time.perf_counter()
     for _ in range(repeats):
@@ -62,10 +69,26 @@ def timed(fn, device, repeats: int) -> float:
     return (time.perf_counter() - t) / repeats
 
 
+def counted(fn) -> float:
+    """FLOPs of one call (matrix products and attention, as PyTorch's flop counter sees them); also the warm-up."""
+    with FlopCounterMode(display=False) as fc:
+        fn()
+    return float(fc.get_total_flops())
+
+
+def decode_seconds(vae: WanVae, latents: int, lat_h: int, lat_w: int, device: torch.device) -> float:
+    """One streaming decode of ``latents`` latent frames (4 frames each), after a one-latent start."""
+    dec = StreamingDecoder(vae)
+    with torch.no_grad():
+        cache = dec.decode(torch.randn(1, 16, 1, lat_h, lat_w, device=device), dec.start())[1]  # also the warm-up
+        z = torch.randn(1, 16, latents, lat_h, lat_w, device=device)
+        return timed(lambda: dec.decode(z, cache), device, 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="640x640,960x960", help="WIDTHxHEIGHT list (480p and 720p pixel counts by default)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2, help="timed DiT passes after the warm-up")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
@@ -73,13 +96,22 @@ def main() -> None:
     arch = architectures("14b" if gpu else "tiny")
     dtype = torch.bfloat16 if gpu else torch.float32
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")] if gpu else [(64, 64)]
-    print(f"device: {torch.cuda.get_device_name(0) if gpu else 'CPU (tiny model: timings not representative)'}")
+    print(f"device: {torch.cuda.get_device_name(0) if gpu else 'CPU (tiny model: timings not representative)'}; torch {torch.__version__}")
     t = time.perf_counter()
     dit = materialize_random(build_dit(arch.dit), device=device, dtype=dtype).eval().requires_grad_(False)
+    sync(device)
     print(f"DiT {sum(p.numel() for p in dit.parameters()) / 1e9:.2f} B parameters ready in {time.perf_counter() - t:.1f} s")
-    vae = WanVae(arch.vae, device=device, dtype=dtype if gpu else torch.float32)
-    vae.load()
+    vae32 = WanVae(arch.vae, device=device, dtype=torch.float32)
+    vae16 = WanVae(arch.vae, device=device, dtype=dtype)
+    vae32.load()
+    vae16.load()
     rows = []
+    decode: dict[tuple[int, int], tuple[float, float]] = {}  # (w, h) -> seconds per latent (float32, bfloat16)
+    for w, h in sizes:
+        lat_h, lat_w = h // 8, w // 8
+        n = 18  # one InfiniteTalk chunk's new latents (72 frames)
+        decode[(w, h)] = tuple(decode_seconds(v, n, lat_h, lat_w, device) / n for v in (vae32, vae16))
+        print(f"VAE decode {w}x{h}: {decode[(w, h)][0] * 1000 / 4:.1f} ms per frame float32, {decode[(w, h)][1] * 1000 / 4:.1f} bfloat16")
     for name, (new_frames, context_frames, steps, sampler) in RECIPES.items():
         for w, h in sizes:
             m = 1 + (context_frames - 1) // 4
@@ -87,28 +119,44 @@ def main() -> None:
             lat_h, lat_w = h // 8, w // 8
             frames = frames_in(n)
             x = torch.randn(1, 36, n, lat_h, lat_w, device=device, dtype=dtype)
-            ctx = torch.randn(1, 64, arch.dit.text_dim, device=device, dtype=dtype)
+            ctx = torch.randn(1, 512, arch.dit.text_dim, device=device, dtype=dtype)
             clip = torch.randn(1, 257, arch.dit.clip_dim, device=device, dtype=dtype)
             audio = torch.randn(1, frames, arch.dit.audio_window, arch.dit.audio_layers, arch.dit.audio_dim, device=device, dtype=dtype)
             t_in = torch.tensor([500.0], device=device)
             if gpu:
                 torch.cuda.reset_peak_memory_stats()
             with torch.no_grad():
+                flops = counted(lambda: dit(x, t_in, ctx, clip, audio))
                 pass_s = timed(lambda: dit(x, t_in, ctx, clip, audio), device, args.repeats)
-                z = torch.randn(1, 16, n - m, lat_h, lat_w, device=device)
-                dec = StreamingDecoder(vae)
-                cache = dec.decode(torch.randn(1, 16, 1, lat_h, lat_w, device=device), dec.start())[1]
-                decode_s = timed(lambda: dec.decode(z, cache), device, 1)
             step_s = pass_s * len(passes(sampler))
+            decode_s, decode16_s = (v * (n - m) for v in decode[(w, h)])
             chunk_s = step_s * steps + decode_s
             fps = new_frames / chunk_s
             tokens = n * (lat_h // 2) * (lat_w // 2)
             peak = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
-            rows.append(Row(name, f"{w}x{h}", tokens, pass_s, step_s, chunk_s, decode_s, fps, fps / 25.0, peak))
+            rows.append(Row(name, f"{w}x{h}", tokens, pass_s, flops / pass_s / 1e12, step_s, chunk_s, decode_s, decode16_s,
+                            fps, fps / 25.0, peak))
             r = rows[-1]
-            print(f"{name:12s} {r.size:9s} tokens {tokens:6d} | pass {pass_s:.3f} s | step {step_s:.3f} s | "
-                  f"chunk ({steps} steps + decode {decode_s:.2f} s) {chunk_s:.1f} s | {fps:.2f} fps = {r.realtime_factor:.3f}x real time | "
-                  f"peak {peak:.1f} GiB")
+            print(f"{name:12s} {r.size:9s} tokens {tokens:6d} | pass {pass_s:.3f} s ({r.pass_tflops:.0f} TFLOP/s) | "
+                  f"step {step_s:.3f} s | chunk ({steps} steps + decode {decode_s:.2f} s) {chunk_s:.1f} s | "
+                  f"{fps:.2f} fps = {r.realtime_factor:.3f}x real time | peak {peak:.1f} GiB")
+    # The same passes with the blocks in pinned host memory, each copied to the GPU one block ahead.
+    streamer = BlockStreamer(dit.blocks, device)
+    for r in rows:
+        new_frames, context_frames, _, _ = RECIPES[r.recipe]
+        w, h = (int(v) for v in r.size.split("x"))
+        m = 1 + (context_frames - 1) // 4
+        n = m + new_frames // 4
+        x = torch.randn(1, 36, n, h // 8, w // 8, device=device, dtype=dtype)
+        audio = torch.randn(1, frames_in(n), arch.dit.audio_window, arch.dit.audio_layers, arch.dit.audio_dim, device=device, dtype=dtype)
+        with torch.no_grad():
+            dit(x, t_in, ctx, clip, audio)  # warm-up
+            if gpu:
+                torch.cuda.reset_peak_memory_stats()
+            r.streamed_pass_s = timed(lambda: dit(x, t_in, ctx, clip, audio), device, 1)
+        r.streamed_peak_gib = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
+        print(f"{r.recipe:12s} {r.size:9s} streamed blocks: pass {r.streamed_pass_s:.3f} s "
+              f"({r.streamed_pass_s / r.pass_s:.2f}x resident) | peak {r.streamed_peak_gib:.1f} GiB (resident {r.peak_gib:.1f})")
     if args.out:
         with open(args.out, "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=2)

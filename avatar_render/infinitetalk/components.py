@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from avatar_render.config import ModelConfig
+from avatar_render.dist.streaming import BlockStreamer
 from avatar_render.errors import AvatarRenderError
 from avatar_render.models.audio_encoder import TINY_WAV2VEC2, AudioEncoder
 from avatar_render.models.checkpoints import find_audio_module, read_dit_weights, resolve_base_files
@@ -34,10 +35,12 @@ class DiTModule(TorchModule):
     def __init__(self, config: DiTConfig, *, root: Optional[Path], audio_module: Optional[Path],
                  loras: tuple[tuple[Path, float], ...] = (), device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                 parallel: Optional[Callable[[nn.Module], None]] = None) -> None:
+                 parallel: Optional[Callable[[nn.Module], None]] = None, stream_blocks: int = 0) -> None:
         super().__init__(device=device, dtype=dtype, seed=seed)
         self.config, self.root, self.audio_module, self.loras = config, root, audio_module, loras
         self.parallel = parallel  # shards / splits the loaded net across processes (dist.parallelize)
+        self.stream_blocks = stream_blocks if parallel is None else 0  # >0: blocks in pinned host memory, this many ahead
+        self.streamer: Optional[BlockStreamer] = None
 
     def _load(self) -> None:
         if self.root is None:
@@ -49,19 +52,37 @@ class DiTModule(TorchModule):
             super()._load()
         if self.parallel is not None:
             self.parallel(self.net)
+        elif self.stream_blocks:
+            net = self.net
+            self.streamer = BlockStreamer(net.blocks, self.device, ahead=self.stream_blocks)
+            for name, child in net.named_children():  # everything but the blocks stays on the device
+                if name != "blocks":
+                    nn.Module.to(child, self.device)
 
     def load(self) -> None:
         super().load()
         if self.parallel is not None:
             self.placement = Placement.SHARDED
+        elif self.streamer is not None:
+            self.placement = Placement.STREAMED
 
     def offload(self) -> None:
-        if self.parallel is None:  # sharded: FSDP's offload policy decides where the shards live
+        if self.streamer is not None:
+            self.streamer.release()
+        elif self.parallel is None:  # sharded: FSDP's offload policy decides where the shards live
             super().offload()
 
     def prefetch(self) -> None:
-        if self.parallel is None:
+        if self.net is None:
+            self.load()
+        if self.streamer is not None:
+            self.streamer.prefetch()
+        elif self.parallel is None:
             super().prefetch()
+
+    @property
+    def compute_device(self) -> torch.device:
+        return self.device if self.streamer is not None else super().compute_device
 
     def weight_files(self) -> list[Path]:
         if self.root is None:
@@ -120,8 +141,10 @@ def architectures(size: str) -> Architectures:
 
 
 def make_components(m: ModelConfig, *, seed: int, parallel: Optional[Callable[[nn.Module], None]] = None,
-                    device: Optional[torch.device] = None) -> Components:
-    """``parallel``: applied to the loaded DiT (multi-process); ``device``: this process's GPU there."""
+                    device: Optional[torch.device] = None, stream_dit: int = 0) -> Components:
+    """``parallel``: applied to the loaded DiT (multi-process); ``device``: this process's GPU there;
+    ``stream_dit`` > 0: keep the DiT's blocks in pinned host memory, each copied to the device
+    that many blocks ahead of its forward."""
     device = resolve_device(m.device) if device is None or resolve_device(m.device).type == "cpu" else device
     dtype = getattr(torch, m.dtype)
     root = Path(m.root).expanduser() if m.root else None
@@ -140,7 +163,8 @@ def make_components(m: ModelConfig, *, seed: int, parallel: Optional[Callable[[n
     loras = ((Path(m.lora).expanduser(), m.lora_scale),) if m.lora else ()
     kw = dict(device=device, seed=seed)
     return Components(
-        dit=DiTModule(dit_cfg, root=root, audio_module=audio_module, loras=loras, dtype=dtype, parallel=parallel, **kw),
+        dit=DiTModule(dit_cfg, root=root, audio_module=audio_module, loras=loras, dtype=dtype, parallel=parallel,
+                      stream_blocks=stream_dit, **kw),
         vae=WanVae(vae_cfg, path=root, dtype=torch.float32, **kw),
         text=TextEncoder(text_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, **kw),
         image=ImageEncoder(image_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, **kw),

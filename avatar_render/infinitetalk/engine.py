@@ -35,7 +35,8 @@ def build_infinitetalk(cfg: Config) -> Pipeline:
     check_sizes(cfg)
     m, c = cfg.model, cfg.chunk
     mesh = current_mesh()
-    comps = make_components(m, seed=cfg.seed, parallel=dit_plan(cfg.dist, mesh), device=mesh.device if mesh.distributed else None)
+    comps = make_components(m, seed=cfg.seed, parallel=dit_plan(cfg.dist, mesh), device=mesh.device if mesh.distributed else None,
+                            stream_dit=max(1, cfg.dist.prefetch_blocks) if cfg.dist.offload.get("dit") == "offloaded" else 0)
     context_latents = 1 + (c.context_frames - 1) // TIME_STRIDE
     new_latents = c.chunk_frames // TIME_STRIDE + 1  # N0 holds the reference latent too
     max_latents = max(context_latents + new_latents, c.transition_frames // TIME_STRIDE + 2)

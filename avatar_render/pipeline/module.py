@@ -15,6 +15,7 @@ class Placement(enum.Enum):
     PINNED = "pinned"  # weights in pinned host memory, ready for fast upload
     DEVICE = "device"  # weights on the accelerator
     SHARDED = "sharded"  # weights split across the ranks of a device mesh
+    STREAMED = "streamed"  # repeated blocks in pinned host memory, each copied to the device for its forward
 
 
 class Module(ABC):

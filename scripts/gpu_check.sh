@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Every GPU check of the diffusion backend in one run, with random full-size bf16 weights (speed does
+# not depend on the weights' values). Each part has its own time limit and log, so one failure does
+# not lose the others' figures. Needs PyTorch with CUDA and the project's dependencies importable.
+#
+#   scripts/gpu_check.sh [OUT_DIR]        # figures and logs in OUT_DIR (default gpu-results)
+#
+# 1. speed: DiT pass / step / chunk, VAE decode, achieved TFLOP/s, peak memory at 480p and 720p, for
+#    the InfiniteTalk (40 steps, 3 passes) and FlashTalk (4 steps, 1 pass) recipes; DiT resident and
+#    streamed block by block from pinned host memory (scripts/gpu_check.py).
+# 2. render: the CLI end to end (flashtalk recipe, 640x640) on a few seconds of the example audio: time
+#    to first frame, generated fps, per-stage seconds, peak GPU memory; the MP4 is checked by inspect.
+# 3. switches: per-stage times and the visible overhead of each stage switch (scripts/bench_dist.py),
+#    DiT resident and DiT offloaded between stages.
+set -u
+out=${1:-gpu-results}
+mkdir -p "$out"
+py=${PYTHON:-python3}
+seconds=${SECONDS_OF_AUDIO:-6}
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+
+part() {  # part NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2 t=$SECONDS
+  shift 2
+  echo "=== $name"
+  timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
+  echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t)) s"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || true
+nvidia-smi topo -m 2>&1 | head -8 || true
+"$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.is_available())"
+
+part speed "${SPEED_LIMIT:-220}" "$py" scripts/gpu_check.py --out "$out/speed.json"
+
+"$py" - "$seconds" "$out/clip.wav" <<'EOF'
+import sys, wave
+seconds, dst = float(sys.argv[1]), sys.argv[2]
+with wave.open("examples/talk.wav") as src, wave.open(dst, "wb") as w:
+    w.setparams(src.getparams())
+    w.writeframes(src.readframes(int(seconds * src.getframerate())))
+EOF
+part render "${RENDER_LIMIT:-170}" "$py" -m avatar_render render --ref examples/face.png --audio "$out/clip.wav" \
+  -c configs/flashtalk.yaml -o "$out/render.mp4" --report "$out/render.json" --force
+part inspect 30 "$py" -m avatar_render inspect "$out/render.mp4" --report "$out/render.json"
+
+part switches "${SWITCH_LIMIT:-80}" "$py" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3
+part switches_offloaded "${SWITCH_LIMIT:-80}" "$py" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 \
+  dist.offload.dit=offloaded
