@@ -2,7 +2,8 @@
 
 The switch from stage A to stage B is timed from the last module forward of A to the first module
 forward of B (every nn.Module call is watched). In between, the modules A used that B does not are
-offloaded and B's modules are prefetched; that part is reported separately. Run it in one process
+offloaded when ``dist.offload`` says so (``dist.offload.dit=offloaded``) and B's modules are
+prefetched; that part is reported separately. Run it in one process
 or under torchrun (process 0 prints):
 
     python scripts/bench_dist.py -c configs/tiny.yaml
@@ -43,8 +44,9 @@ class Timeline:
     kernel of one stage and the first of the next. On a CPU they are wall-clock readings.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, offloaded: set[str]) -> None:
         self.cuda = device.type == "cuda"
+        self.offloaded = offloaded  # names of the modules set aside between their stages (dist.offload)
         self.stage: str | None = None
         self.first = self.last = None
         self.prev: tuple[str, object, tuple] | None = None  # (stage, last op's mark, modules)
@@ -79,7 +81,7 @@ class Timeline:
         t0 = time.perf_counter()
         if self.prev is not None:
             for m in self.prev[2]:
-                if m not in mods:
+                if m not in mods and m.name in self.offloaded:
                     m.offload()
         for m in mods:
             m.prefetch()
@@ -131,7 +133,7 @@ def main() -> None:
     cfg = load_config(a.config, tuple(a.overrides))
     with session(sp=cfg.dist.sp) as mesh:
         pipeline = build_pipeline(cfg)
-        tl = Timeline(mesh.device)
+        tl = Timeline(mesh.device, {name for name, policy in cfg.dist.offload.items() if policy == "offloaded"})
         reference = load_reference(a.ref)
         with AudioReader(a.audio, fps=cfg.fps, model_rate=pipeline.audio_rate) as audio:
             static = pipeline.prepare(RequestInput(reference=reference, reference_path=a.ref,

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
 from avatar_render.errors import AvatarRenderError
-from avatar_render.infinitetalk.components import architectures
+from avatar_render.infinitetalk.components import architectures, make_components
 from avatar_render.models.dit import build_dit, materialize_random
 from tests.media import speech_like, write_audio
 from tests.model_assets import write_clip, write_umt5, write_vae, write_wav2vec2
@@ -92,3 +92,20 @@ def test_backend_size_rules_are_config_errors(tmp_path, face_png, speech):
                      ("video.width=72", "video.width")]:
         with pytest.raises(AvatarRenderError, match=key.replace(".", r"\.")):
             render(RenderRequest(reference=face_png, audio=speech, output=tmp_path / "c.mp4", config=tiny_config(bad)))
+
+
+@pytest.mark.parametrize("weights", ["random", "folder"])
+def test_every_module_ends_on_its_device(weights, model_folder):
+    """Every tensor of every module is on the module's device: random weights as soon as they are
+    made, weights read from files once put in place as ``Pipeline.prepare`` does. The meta device
+    stands in for a GPU: a tensor left on the CPU shows."""
+    root = [f"model.root={model_folder}"] if weights == "folder" else []
+    m = tiny_config("model.device=meta", *root).model
+    comps = make_components(m, seed=0)
+    for module in (comps.vae, comps.text, comps.image, comps.audio) + ((comps.dit,) if weights == "folder" else ()):
+        module.load()
+        if weights == "folder":
+            module.prefetch()
+        net = module.net
+        where = {t.device.type for t in (*net.parameters(), *net.buffers())}
+        assert where == {"meta"}, f"{module.name}: {where}"

@@ -8,6 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment
@@ -138,3 +139,28 @@ def test_wiring_with_wrong_types_is_refused_at_build():
     with pytest.raises(TypeError, match="ends in"):
         Pipeline(init=Init(), generate=(), decode=Decode(), sizes=ChunkSizes(10, 2, 4),
                  fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04)
+
+
+def test_prepare_loads_each_module_then_puts_it_on_its_device():
+    calls = []
+
+    class Weights(Module):
+        name = "weights"
+
+        def weight_files(self):
+            return []
+
+        def _load(self):
+            calls.append("load")
+
+        def prefetch(self):
+            calls.append("prefetch")
+
+    class InitWithWeights(Init):
+        def modules(self):
+            return (Weights(),)
+
+    pipe = Pipeline(init=InitWithWeights(), generate=(Gen(),), decode=Decode(), sizes=ChunkSizes(10, 2, 4),
+                    fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04)
+    assert pipe.prepare(None) == Static(7)
+    assert calls == ["load", "prefetch"]

@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Optional
 from typing import TYPE_CHECKING
 
 from avatar_render.dist.mesh import Launch, Mesh, build_mesh, pick_device, set_current, single
+from avatar_render.dist.numa import Affinity, describe, gpu_bus_id, pin_near
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -140,9 +141,12 @@ def session(*, sp: int = 1, on_abort: Optional[Callable[[], None]] = None) -> It
     watch = AbortWatch(launch, on_abort)
     try:
         device, backend = pick_device(launch)
+        pinned = pin_near(gpu_bus_id(device.index)) if device.type == "cuda" else Affinity(None, why="no GPUs (gloo on the CPU)")
         dist.init_process_group(backend, store=dist.PrefixStore("avatar_render/pg", store),
                                 rank=launch.rank, world_size=launch.world, device_id=device if backend == "nccl" else None)
-        mesh = build_mesh(launch, sp=sp, device=device, backend=backend)
+        everyone: list = [None] * launch.world
+        dist.all_gather_object(everyone, pinned)
+        mesh = build_mesh(launch, sp=sp, device=device, backend=backend, affinity=describe(everyone))
         set_current(mesh)
         yield mesh
         dist.barrier()
@@ -213,6 +217,8 @@ def distributed(render: Callable) -> Callable:
             if request.resume:
                 raise AvatarRenderError("--resume is not supported yet with more than one process; resume with a single process or start over with --force.")
             agree(mesh, "seed and config", {"seed": cfg.seed, "config": repr(cfg)})
+            if mesh.is_writer and kw.get("on_message") is not None:
+                kw["on_message"]("info", mesh.affinity)
             if mesh.is_writer:
                 report = render(request, **kw)
             else:

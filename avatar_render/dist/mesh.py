@@ -59,6 +59,7 @@ class Mesh:
     device: "torch.device"  # where this process computes
     backend: str  # "gloo" | "nccl" | "none"
     sp: int = 1
+    affinity: str = ""  # one log line: where each process's CPU affinity was set (dist.numa)
     _fsdp: object = None  # torch DeviceMesh, 1D ("fsdp",)
     _grid: object = None  # torch DeviceMesh, 2D ("rep", "sp")
 
@@ -125,7 +126,7 @@ def pick_device(launch: Launch) -> tuple["torch.device", str]:
     return torch.device("cpu"), "gloo"
 
 
-def build_mesh(launch: Launch, *, sp: int, device: "torch.device", backend: str) -> Mesh:
+def build_mesh(launch: Launch, *, sp: int, device: "torch.device", backend: str, affinity: str = "") -> Mesh:
     """The axes over an initialised default process group (collective: every process calls it)."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -133,4 +134,5 @@ def build_mesh(launch: Launch, *, sp: int, device: "torch.device", backend: str)
         raise AvatarRenderError(f"Config key 'dist.sp' ({sp}) must divide the number of processes ({launch.world}).")
     fsdp = init_device_mesh(device.type, (launch.world,), mesh_dim_names=("fsdp",))
     grid = init_device_mesh(device.type, (launch.world // sp, sp), mesh_dim_names=("rep", "sp"))
-    return Mesh(rank=launch.rank, world=launch.world, device=device, backend=backend, sp=sp, _fsdp=fsdp, _grid=grid)
+    return Mesh(rank=launch.rank, world=launch.world, device=device, backend=backend, sp=sp, affinity=affinity,
+                _fsdp=fsdp, _grid=grid)

@@ -43,7 +43,7 @@ def build_infinitetalk(cfg: Config) -> Pipeline:
     fps = cfg.fps
     return Pipeline(
         init=ModelInit(vae=comps.vae, text=comps.text, image=comps.image, prompt=m.prompt,
-                       negative_prompt=m.negative_prompt, max_latents=max_latents),
+                       negative_prompt=m.negative_prompt, max_latents=max_latents, face_box=cfg.preview.face_box),
         generate=(
             AudioContext(audio=comps.audio, context_latents=context_latents,
                          latent_hw=(cfg.video.height // 8, cfg.video.width // 8)),

@@ -17,7 +17,7 @@ from avatar_render.models.vae import StreamingDecoder, WanVae
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import ChunkInput, Frames, RequestInput
-from avatar_render.preview.face import FaceDetector
+from avatar_render.preview.face import FaceDetector, find_face
 
 # Audio the encoder sees beyond a chunk's model frames, on each side: wav2vec2's positional
 # convolution spans about +-2.6 s, so less margin makes chunked features drift from whole-file ones.
@@ -48,17 +48,19 @@ class ModelInit(Stage[RequestInput, ModelStatic]):
     input_type = RequestInput
     output_type = ModelStatic
 
-    def __init__(self, *, vae: WanVae, text: TextEncoder, image: ImageEncoder, prompt: str, negative_prompt: str, max_latents: int) -> None:
+    def __init__(self, *, vae: WanVae, text: TextEncoder, image: ImageEncoder, prompt: str, negative_prompt: str,
+                 max_latents: int, face_box: list[int] | None = None) -> None:
         self.vae, self.text, self.image = vae, text, image
+        self.face_box = face_box
         self.prompt, self.negative_prompt = prompt, negative_prompt
         self.max_latents = max_latents  # the longest chunk, in latents
         self.detector = FaceDetector()
 
     def modules(self) -> tuple[Module, ...]:
-        return (self.detector, self.vae, self.text, self.image)
+        return (() if self.face_box else (self.detector,)) + (self.vae, self.text, self.image)
 
     def run(self, x: RequestInput, *, static: Any, carry: Any) -> tuple[ModelStatic, None]:
-        layout = self.detector.detect(x.reference)
+        layout = find_face(x.reference, self.detector, self.face_box)
         focus = None if layout is None else (layout.face.x, layout.face.y, layout.face.w, layout.face.h)
         image, _ = fit_to_frame(x.reference, x.width, x.height, focus=focus)
         pixels = to_pixels(image)  # [1, 3, 1, H, W]

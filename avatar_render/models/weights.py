@@ -197,7 +197,10 @@ class TorchModule(Module):
                 torch.manual_seed(self.seed)
                 with torch.device(self.device):
                     net = self.build()
-            nn.Module.to(net, self.dtype)  # the base method: diffusers' override warns about dtype policies
+            # All of it on the device: a few models make tensors with constructors that ignore the
+            # default device (wav2vec2's masked_spec_embed), and the base method because diffusers'
+            # override warns about dtype policies.
+            nn.Module.to(net, self.device, self.dtype)
         self.net = net.eval().requires_grad_(False)
 
     def load(self) -> None:

@@ -64,9 +64,10 @@ class Pipeline:
         return tuple(m for s in stages for m in s.modules())
 
     def prepare(self, request: RequestInput) -> Any:
-        """Load the modules and compute the static conditioning of one request."""
+        """Load the modules, put each where it runs, and compute the static conditioning of one request."""
         for module in self.modules():
             module.load()
+            module.prefetch()  # weights read into host memory go to their device (no-op for host-only modules)
         static, _ = self.init.run(request, static=None, carry=None)
         return static
 

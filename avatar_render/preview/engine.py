@@ -13,7 +13,7 @@ from avatar_render.io.reference import fit_to_frame
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment, StaticConditioning
-from avatar_render.preview.face import Box, FaceDetector, fallback_layout, layout_from_box
+from avatar_render.preview.face import FaceDetector, fallback_layout, find_face
 from avatar_render.preview.motion import (
     EYES,
     MOUTH,
@@ -70,10 +70,7 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
         return () if self.face_box else (self.detector,)
 
     def run(self, x: RequestInput, *, static: Any, carry: Any) -> tuple[PreviewStatic, None]:
-        if self.face_box:
-            layout = layout_from_box(Box(*map(float, self.face_box)))
-        else:
-            layout = self.detector.detect(x.reference)
+        layout = find_face(x.reference, self.detector, self.face_box)
         detected = layout is not None and layout.detected
         focus = None if layout is None else (layout.face.x, layout.face.y, layout.face.w, layout.face.h)
         image, fit = fit_to_frame(x.reference, x.width, x.height, focus=focus)

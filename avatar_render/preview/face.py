@@ -232,3 +232,11 @@ def _best_pair(candidates: list[_Candidate]) -> tuple[_Candidate, _Candidate] | 
             if cost < best_cost:
                 best, best_cost = (left, right), cost
     return best
+
+
+def find_face(image: np.ndarray, detector: FaceDetector, face_box: list[int] | None) -> FaceLayout | None:
+    """The face layout of a reference: from the user's ``face_box`` when given (the detector is then
+    never loaded), else from the detector; None when no face is found."""
+    if face_box:
+        return layout_from_box(Box(*map(float, face_box)))
+    return detector.detect(image)
