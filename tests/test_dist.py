@@ -102,6 +102,7 @@ def test_error_on_one_process_ends_all_with_one_message(single, tmp_path):
 
 WORKER = textwrap.dedent('''
     import json, sys, torch
+    from avatar_render.dist.cfg_parallel import split_passes
     from avatar_render.dist.launch import session
     from avatar_render.dist.parallelize import local_numel, shard
     from avatar_render.dist.sequence_parallel import UlyssesOp, apply_sequence_parallel
@@ -124,14 +125,25 @@ WORKER = textwrap.dedent('''
             shard(model, list(model.blocks), mesh, offload=offload)
             got = model(*args)
             again = model(*args)
+            # CFG parallelism: a step's three passes (told apart here by their timestep) over the 2 replicas
+            names, ts, ran = ("cond", "no_text", "uncond"), {"cond": 700.0, "no_text": 500.0, "uncond": 300.0}, []
+            def run(name, net):
+                ran.append(name)
+                return net(args[0], torch.tensor([ts[name]]), *args[2:])[0]
+            single = materialize_random(build_dit(c), seed=0)
+            want_passes = {n: run(n, single) for n in names}
+            ran.clear()
+            got_passes = split_passes(mesh)(names, lambda n: run(n, model))
         mine, total = local_numel(model)
         json.dump({"mine": mine, "total": total, "diff": (got - want).abs().max().item(),
                    "repeat": (again - got).abs().max().item(), "ulysses": isinstance(model.blocks[0].self_attn.op, UlyssesOp),
-                   "sp": mesh.size("sp"), "fsdp": mesh.size("fsdp")}, open(f"{out}.{mesh.rank}", "w"))
+                   "sp": mesh.size("sp"), "fsdp": mesh.size("fsdp"), "rep": mesh.size("rep"), "ran": ran,
+                   "cfg_diff": max((got_passes[n] - want_passes[n]).abs().max().item() for n in names)},
+                  open(f"{out}.{mesh.rank}", "w"))
 ''')
 
 
-def test_sharded_dit_holds_one_nth_and_sequence_parallel_matches(tmp_path):
+def test_sharded_dit_holds_one_nth_and_sequence_and_cfg_parallel_match(tmp_path):
     n, sp, offload = 4, 2, 1  # 2 sequence-parallel groups of 2; FSDP over all 4, shards offloaded to the host
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -145,6 +157,9 @@ def test_sharded_dit_holds_one_nth_and_sequence_parallel_matches(tmp_path):
         assert abs(r["mine"] / total - 1 / n) < 0.05 / n  # about 1/N each (uneven rows are padded)
         assert r["diff"] < 1e-5
         assert r["repeat"] == 0.0  # resharded after forward and gathered again: the same result
+        assert r["rep"] == n // sp and r["cfg_diff"] < 1e-5  # every pass's flow, as one process computes it
+    # replica 0 (processes 0, 1) runs passes 0 and 2, replica 1 runs pass 1 and a spare repeat of pass 0
+    assert [r["ran"] for r in results] == [["cond", "uncond"]] * 2 + [["no_text", "cond"]] * 2
 
 
 def test_single_process_session_is_a_no_op():

@@ -3,8 +3,8 @@
 Axes (``Mesh.axis(name)``):
 * ``fsdp``: all processes; the DiT's parameters are sharded along it (FSDP2).
 * ``sp``: groups of ``sp`` consecutive processes that split one chunk's tokens (Ulysses).
-* ``rep``: the ``world / sp`` replicas of an sp group; they compute the same thing (CFG parallelism,
-  which would give them different guidance passes, is not implemented yet).
+* ``rep``: the ``world / sp`` replicas of an sp group; CFG parallelism gives them different guidance
+  passes of each sampling step (``dist.cfg_parallel``).
 
 Nobody else reads ranks from the environment: ``current()`` is the mesh of this process, a
 single-process mesh (no process group) unless ``launch.session`` built a distributed one. Importing

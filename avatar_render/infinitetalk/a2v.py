@@ -14,7 +14,7 @@ import torch
 
 from avatar_render.infinitetalk.grid import latent_of
 from avatar_render.infinitetalk.types import AudioWindow, LatentChunk, ModelStatic
-from avatar_render.models.sampler import SamplerConfig, sample
+from avatar_render.models.sampler import Evaluate, SamplerConfig, sample, serial
 from avatar_render.models.vae import StreamingDecoder, WanVae
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.stage import Stage
@@ -48,8 +48,10 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
     input_type = AudioWindow
     output_type = LatentChunk
 
-    def __init__(self, *, dit: Module, vae: WanVae, sampler: SamplerConfig, context_frames: int, context_mode: str) -> None:
+    def __init__(self, *, dit: Module, vae: WanVae, sampler: SamplerConfig, context_frames: int, context_mode: str,
+                 evaluate: Evaluate = serial) -> None:
         self.dit = dit  # a module whose .model is the WanAudioDiT
+        self.evaluate = evaluate  # how a step's guidance passes are run (dist.cfg_parallel spreads them over processes)
         self.vae = vae
         self.sampler = sampler
         self.context_frames = context_frames
@@ -93,7 +95,7 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
                 v = model(inp, t.to(device), texts[name].to(device, dtype), static.clip_fea.to(device, dtype), a)
             return v[0].float()
 
-        latents = sample(self.sampler, noise=noise.float().to(device), predict=predict, pin=pin).cpu()
+        latents = sample(self.sampler, noise=noise.float().to(device), predict=predict, pin=pin, evaluate=self.evaluate).cpu()
         if plan.kind == "I":
             return LatentChunk(plan=plan, latents=latents, first_latent=latent_of(plan.start)), carry
         new = latents if plan.start == 0 else latents[:, m:]  # N0 publishes its reference latent as frame 0

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from avatar_render.config import Config
 from avatar_render.dist.mesh import current as current_mesh
+from avatar_render.dist.cfg_parallel import split_passes
 from avatar_render.dist.parallelize import dit_plan
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.a2v import A2VStage
 from avatar_render.infinitetalk.components import make_components
 from avatar_render.infinitetalk.grid import TIME_STRIDE, frames_in
 from avatar_render.infinitetalk.stages import AUDIO_MARGIN_S, AudioContext, LatentDecode, ModelInit
-from avatar_render.models.sampler import SamplerConfig
+from avatar_render.models.sampler import SamplerConfig, serial
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 
 SPATIAL_STRIDE = 16  # VAE 8x8 times the DiT's 2x2 patches
@@ -48,6 +49,7 @@ def build_infinitetalk(cfg: Config) -> Pipeline:
             AudioContext(audio=comps.audio, context_latents=context_latents,
                          latent_hw=(cfg.video.height // 8, cfg.video.width // 8)),
             A2VStage(dit=comps.dit, vae=comps.vae, context_frames=c.context_frames, context_mode=m.context_mode,
+                     evaluate=split_passes(mesh) if cfg.dist.cfg_parallel else serial,
                      sampler=SamplerConfig(steps=m.steps, shift=m.shift, text_scale=m.text_scale, audio_scale=m.audio_scale)),
         ),
         decode=LatentDecode(vae=comps.vae, colour_guard=m.colour_guard),

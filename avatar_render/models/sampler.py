@@ -9,6 +9,7 @@ conditional, text dropped (negative prompt, audio kept), and unconditional (nega
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Callable
 
 import torch
@@ -51,9 +52,16 @@ def guide(cfg: SamplerConfig, v: dict[str, torch.Tensor]) -> torch.Tensor:
 
 Predict = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]  # (latents, t [1], pass name) -> flow
 Pin = Callable[[torch.Tensor], torch.Tensor]  # overwrite the latents held fixed (context, anchors)
+# (pass names, run one pass by name) -> every pass's flow; one after the other unless spread over processes
+Evaluate = Callable[[Sequence[str], Callable[[str], torch.Tensor]], dict[str, torch.Tensor]]
 
 
-def sample(cfg: SamplerConfig, *, noise: torch.Tensor, predict: Predict, pin: Pin) -> torch.Tensor:
+def serial(names: Sequence[str], run: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: run(name) for name in names}
+
+
+def sample(cfg: SamplerConfig, *, noise: torch.Tensor, predict: Predict, pin: Pin,
+           evaluate: Evaluate = serial) -> torch.Tensor:
     """noise: [C, F, H, W] -> clean latents of the same shape. ``pin`` runs before and after every step."""
     ts = timesteps(cfg).to(noise.device)
     names = passes(cfg)
@@ -61,6 +69,6 @@ def sample(cfg: SamplerConfig, *, noise: torch.Tensor, predict: Predict, pin: Pi
     for i in range(cfg.steps):
         x = pin(x)
         t = ts[i : i + 1]
-        v = guide(cfg, {name: predict(x, t, name) for name in names})
+        v = guide(cfg, evaluate(names, lambda name: predict(x, t, name)))
         x = x + ((ts[i + 1] - ts[i]) / NUM_TRAIN_TIMESTEPS).to(x.dtype) * v.to(x.dtype)
     return pin(x)

@@ -1,0 +1,49 @@
+"""CFG parallelism: the guidance passes of one sampling step spread over the mesh's ``rep`` axis.
+
+The ``rep`` replicas (``world / sp`` of them) would otherwise compute the same thing. Pass ``j`` of a
+step runs on replica ``j % R``; every replica runs the same number of passes (``ceil(P / R)``, the
+spare ones repeat pass 0 and are thrown away), so that the DiT's collectives (FSDP all-gathers over
+every process, the sp group's all-to-alls) stay in step. One all-gather over ``rep`` then gives every
+process every pass's flow. The flows are the ones a single process computes, pass for pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from avatar_render.dist.mesh import Mesh
+from avatar_render.models.sampler import Evaluate, serial
+
+
+def my_passes(num_passes: int, replicas: int, index: int) -> list[int]:
+    """The passes replica ``index`` runs, in order; past the last pass it repeats pass 0."""
+    rounds = -(-num_passes // replicas)
+    return [j if (j := index + replicas * i) < num_passes else 0 for i in range(rounds)]
+
+
+def slot(j: int, replicas: int, num_passes: int) -> int:
+    """Where pass ``j`` sits in the all-gathered stack (replica-major, ``rounds`` per replica)."""
+    return (j % replicas) * -(-num_passes // replicas) + j // replicas
+
+
+def split_passes(mesh: Mesh) -> Evaluate:
+    """The evaluation of a step's passes for this process (serial when there is one replica)."""
+    if not mesh.distributed or mesh.size("rep") == 1:
+        return serial
+    import torch.distributed as dist
+
+    group, replicas = mesh.group("rep"), mesh.size("rep")
+    index = mesh.axis("rep").get_local_rank()
+
+    def evaluate(names: Sequence[str], run: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
+        if len(names) == 1:
+            return serial(names, run)
+        mine = torch.stack([run(names[j]) for j in my_passes(len(names), replicas, index)])  # [rounds, C, F, H, W]
+        everyone = [torch.empty_like(mine) for _ in range(replicas)]
+        dist.all_gather(everyone, mine.contiguous(), group=group)
+        stack = torch.cat(everyone)  # [replicas * rounds, C, F, H, W]
+        return {name: stack[slot(j, replicas, len(names))] for j, name in enumerate(names)}
+
+    return evaluate
