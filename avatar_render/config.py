@@ -55,6 +55,7 @@ class ModelConfig:
     root: Optional[str] = None  # local folder with the published weights; None = random weights (tiny, speed tests)
     size: str = "14b"  # architecture: 14b | tiny
     dtype: str = "bfloat16"
+    vae_dtype: str = "float32"  # bfloat16 decodes about a third faster on a GPU (docs/benchmarks.md)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     fps: float = 25.0
     steps: int = 40
@@ -183,6 +184,7 @@ def validate(cfg: Config) -> None:
         (cfg.run.no_face in ("warn", "error"), "run.no_face", "must be warn or error"),
         (cfg.model.size in MODEL_SIZES, "model.size", f"must be one of {', '.join(MODEL_SIZES)}"),
         (cfg.model.dtype in DTYPES, "model.dtype", f"must be one of {', '.join(DTYPES)}"),
+        (cfg.model.vae_dtype in DTYPES, "model.vae_dtype", f"must be one of {', '.join(DTYPES)}"),
         (cfg.model.context_mode in CONTEXT_MODES, "model.context_mode", f"must be one of {', '.join(CONTEXT_MODES)}"),
         (cfg.model.sr in SR_MODES, "model.sr", f"must be one of {', '.join(SR_MODES)}"),
         (1 <= cfg.model.fps <= 120, "model.fps", "must be between 1 and 120"),

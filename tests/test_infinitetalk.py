@@ -37,10 +37,11 @@ def speech(tmp_path_factory) -> Path:
     return write_audio(tmp_path_factory.mktemp("a") / "s.wav", speech_like(1.5, 16000), 16000)
 
 
-@pytest.mark.parametrize("transition,mode,chunk", [(0, "latents", 16), (8, "latents", 16), (0, "reencode", 16), (0, "latents", 4)])
-def test_tiny_random_weights_render(tmp_path, face_png, speech, transition, mode, chunk):
+@pytest.mark.parametrize("transition,mode,chunk,vae", [(0, "latents", 16, "float32"), (8, "latents", 16, "float32"),
+                                                     (0, "reencode", 16, "bfloat16"), (0, "latents", 4, "float32")])
+def test_tiny_random_weights_render(tmp_path, face_png, speech, transition, mode, chunk, vae):
     cfg = tiny_config("model.steps=2", f"chunk.transition_frames={transition}", f"model.context_mode={mode}",
-                      f"chunk.chunk_frames={chunk}")
+                      f"chunk.chunk_frames={chunk}", f"model.vae_dtype={vae}")
     out = tmp_path / "o.mp4"
     rep = render(RenderRequest(reference=face_png, audio=speech, output=out, config=cfg, report=tmp_path / "r.json"))
     assert rep.frames == frames_of(out) == math.ceil(1.5 * 25)

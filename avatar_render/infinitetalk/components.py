@@ -165,7 +165,7 @@ def make_components(m: ModelConfig, *, seed: int, parallel: Optional[Callable[[n
     return Components(
         dit=DiTModule(dit_cfg, root=root, audio_module=audio_module, loras=loras, dtype=dtype, parallel=parallel,
                       stream_blocks=stream_dit, **kw),
-        vae=WanVae(vae_cfg, path=root, dtype=torch.float32, **kw),
+        vae=WanVae(vae_cfg, path=root, dtype=getattr(torch, m.vae_dtype), **kw),
         text=TextEncoder(text_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, **kw),
         image=ImageEncoder(image_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, **kw),
         audio=AudioEncoder(path=wav2vec, config=audio_cfg, dtype=torch.float32, **kw),
