@@ -17,12 +17,16 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from avatar_render.config import load_config
 from avatar_render.dist.launch import TEST_FAIL_ENV, session
 from avatar_render.dist.mesh import Launch
 from avatar_render.errors import AvatarRenderError
+from avatar_render.infinitetalk.components import architectures
 from tests.media import speech_like, write_audio
+from tests.test_infinitetalk import model_folder  # noqa: F401 - the tiny model folder, a fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
@@ -188,3 +192,56 @@ def test_dist_config_keys_are_validated():
         load_config(None, ("dist.sp=0",))
     with pytest.raises(AvatarRenderError, match="dist.offload"):
         load_config(None, ("dist.offload.dit=somewhere",))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_weights_read_into_shards_render_the_single_process_frames(model_folder, tmp_path, dtype):
+    """With a model folder the DiT is sharded on the meta device and each process reads only its
+    pieces (LoRA merged piecewise too): the frames equal the single-process render's. bfloat16 mixes
+    bf16 weights and float32 islands in one FSDP unit."""
+    lora = tmp_path / "lora.safetensors"
+    g = torch.Generator().manual_seed(5)
+    d = architectures("tiny").dit.dim
+    save_file({"diffusion_model.blocks.0.self_attn.q.lora_down.weight": torch.randn(2, d, generator=g),
+               "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.randn(d, 2, generator=g)}, str(lora))
+    audio = write_audio(tmp_path / "s.wav", speech_like(1.0, 16000), 16000)
+    extra = (f"model.root={model_folder}", f"model.lora={lora}", f"model.dtype={dtype}", "model.steps=2")
+    done = subprocess.run([sys.executable, *render_args(tmp_path, audio, "one", *extra)], cwd=ROOT, env=env(),
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = torchrun(2, render_args(tmp_path, audio, "two", *extra))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert hashes(tmp_path / "two.json") == hashes(tmp_path / "one.json")
+
+
+SHARDED_READ = textwrap.dedent('''
+    import json, sys
+    import avatar_render.models.checkpoints as ck
+    from avatar_render.config import load_config
+    from avatar_render.dist.launch import session
+    from avatar_render.dist.parallelize import dit_plan, local_numel
+    from avatar_render.infinitetalk.components import make_components
+
+    seen, read = [], ck.load_into
+    def watched(model, sources, **kw):  # what the DiT looks like when its tensors are read
+        seen.append(all(ck.is_sharded(p) for p in model.parameters()))
+        return read(model, sources, **kw)
+    ck.load_into = watched
+    cfg = load_config(sys.argv[2], ("model.root=" + sys.argv[3],))
+    with session() as mesh:
+        dit = make_components(cfg.model, seed=0, parallel=dit_plan(cfg.dist, mesh)).dit
+        dit.load()
+        mine, total = local_numel(dit.net)
+        json.dump({"sharded_when_read": seen, "mine": mine, "total": total}, open(f"{sys.argv[1]}.{mesh.rank}", "w"))
+''')
+
+
+def test_each_process_reads_into_its_shards_only(model_folder, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(SHARDED_READ)
+    done = torchrun(2, [str(script), str(tmp_path / "r"), str(ROOT / "configs" / "tiny.yaml"), str(model_folder)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in range(2):
+        r = json.loads((tmp_path / f"r.{rank}").read_text())
+        assert r["sharded_when_read"] == [True]  # sharded before any tensor was read
+        assert abs(r["mine"] / r["total"] - 0.5) < 0.05

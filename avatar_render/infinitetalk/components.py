@@ -6,17 +6,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
 from avatar_render.config import ModelConfig
+from avatar_render.dist.parallelize import DiTPlan
 from avatar_render.dist.streaming import BlockStreamer
 from avatar_render.errors import AvatarRenderError
 from avatar_render.models.audio_encoder import TINY_WAV2VEC2, AudioEncoder
 from avatar_render.models.checkpoints import find_audio_module, read_dit_weights, resolve_base_files
-from avatar_render.models.dit import DiTConfig, WanAudioDiT, build_dit, materialize_random
+from avatar_render.models.dit import DiTConfig, WanAudioDiT, build_dit, materialize_random, param_dtype
 from avatar_render.models.image_encoder import ImageEncoder, ImageEncoderConfig
 from avatar_render.models.text_encoder import TextEncoder, TextEncoderConfig
 from avatar_render.models.vae import VaeConfig, WanVae
@@ -35,10 +36,10 @@ class DiTModule(TorchModule):
     def __init__(self, config: DiTConfig, *, root: Optional[Path], audio_module: Optional[Path],
                  loras: tuple[tuple[Path, float], ...] = (), device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                 parallel: Optional[Callable[[nn.Module], None]] = None, stream_blocks: int = 0) -> None:
+                 parallel: Optional[DiTPlan] = None, stream_blocks: int = 0) -> None:
         super().__init__(device=device, dtype=dtype, seed=seed)
         self.config, self.root, self.audio_module, self.loras = config, root, audio_module, loras
-        self.parallel = parallel  # shards / splits the loaded net across processes (dist.parallelize)
+        self.parallel = parallel  # shards / splits the DiT across processes (dist.parallelize)
         self.stream_blocks = stream_blocks if parallel is None else 0  # >0: blocks in pinned host memory, this many ahead
         self.streamer: Optional[BlockStreamer] = None
 
@@ -48,16 +49,34 @@ class DiTModule(TorchModule):
             # generic path builds in float32 first, twice the memory (about 75 GB at 14B).
             net = materialize_random(build_dit(self.config), device=self.device, dtype=self.dtype, seed=self.seed)
             self.net = net.eval().requires_grad_(False)
+        elif self.parallel is not None and self.parallel.home is not None:
+            self.net = self._sharded_from_files(self.parallel)
+            return
         else:
             super()._load()
         if self.parallel is not None:
-            self.parallel(self.net)
+            self.parallel.apply(self.net)
         elif self.stream_blocks:
             net = self.net
             self.streamer = BlockStreamer(net.blocks, self.device, ahead=self.stream_blocks)
             for name, child in net.named_children():  # everything but the blocks stays on the device
                 if name != "blocks":
                     nn.Module.to(child, self.device)
+
+    def _sharded_from_files(self, plan: DiTPlan) -> nn.Module:
+        """Shard first, then read: every process reads each tensor and keeps its own piece, so no
+        process ever holds the whole DiT (with the full-size model, 38 GB of host memory each)."""
+        self.check_files()
+        with torch.device("meta"):
+            net = build_dit(self.config)
+        for name, p in list(net.named_parameters()):  # the dtypes the weights will have
+            owner, _, leaf = name.rpartition(".")
+            net.get_submodule(owner)._parameters[leaf] = nn.Parameter(
+                torch.empty_like(p, dtype=param_dtype(name, self.dtype)), requires_grad=False)
+        plan.apply(net)
+        net.to_empty(device=plan.home)
+        self.read_weights(net)
+        return net.eval().requires_grad_(False)
 
     def load(self) -> None:
         super().load()
@@ -140,7 +159,7 @@ def architectures(size: str) -> Architectures:
     return Architectures(dit=DiTConfig.infinitetalk_14b(), vae=VaeConfig(), text=TextEncoderConfig(), image=ImageEncoderConfig(), audio=None)
 
 
-def make_components(m: ModelConfig, *, seed: int, parallel: Optional[Callable[[nn.Module], None]] = None,
+def make_components(m: ModelConfig, *, seed: int, parallel: Optional[DiTPlan] = None,
                     device: Optional[torch.device] = None, stream_dit: int = 0) -> Components:
     """``parallel``: applied to the loaded DiT (multi-process); ``device``: this process's GPU there;
     ``stream_dit`` > 0: keep the DiT's blocks in pinned host memory, each copied to the device

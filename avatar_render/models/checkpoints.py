@@ -196,6 +196,13 @@ def check_sources(sources: dict[str, TensorSource], expected: dict[str, tuple[in
 
 
 @torch.no_grad()
+def is_sharded(t: torch.Tensor) -> bool:
+    """A parameter split across processes (a DTensor: FSDP2 applied before the weights were read)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
 def load_into(
     model: WanAudioDiT,
     sources: dict[str, TensorSource],
@@ -204,7 +211,10 @@ def load_into(
     device: str | torch.device = "cpu",
     keep_fp32: bool = True,
 ) -> None:
-    """Stream the tensors file by file into ``model`` (meta or materialised), casting each one."""
+    """Stream the tensors file by file into ``model`` (meta or materialised), casting each one.
+    Parameters already sharded across processes (DTensors) receive this process's piece alone."""
+    from avatar_render.dist.parallelize import local_piece
+
     device = torch.device(device)
     modules = dict(model.named_modules())
     by_file: dict[Path, list[tuple[str, str]]] = {}
@@ -214,9 +224,15 @@ def load_into(
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name, stored in names:
                 t = f.get_tensor(stored)  # a view of the file's memory map
+                mod_name, _, leaf = name.rpartition(".")
+                existing = modules[mod_name]._parameters[leaf]
+                if is_sharded(existing):  # sharded before reading: keep this process's piece alone
+                    if (pair := local_piece(existing, t)) is not None:
+                        pair[0].copy_(pair[1])
+                    del t
+                    continue
                 target = t.dtype if dtype is None else param_dtype(name, dtype, keep_fp32=keep_fp32)
                 p = t.to(device=device, dtype=target, copy=True)  # owned: the map is released with the file
-                mod_name, _, leaf = name.rpartition(".")
                 modules[mod_name]._parameters[leaf] = nn.Parameter(p, requires_grad=False)
                 del t, p
 

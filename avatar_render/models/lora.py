@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.models.checkpoints import native_to_diffusers
+from avatar_render.models.checkpoints import is_sharded, native_to_diffusers
 
 _PREFIX = re.compile(r"^(model\.diffusion_model\.|diffusion_model\.|transformer\.|base_model\.model\.|lora_unet_)")
 _KEY = re.compile(r"^(?P<m>.+?)\.(?P<kind>lora_down\.weight|lora_up\.weight|lora_[AB](\.default)?\.weight|alpha|diff|diff_b)$")
@@ -73,6 +73,13 @@ def _group_keys(path: Path, keys: list[str], lookup: dict[str, str]) -> dict[str
 
 
 def _add(param: nn.Parameter, delta: torch.Tensor) -> None:
+    if is_sharded(param):  # split across processes: add this process's piece of the update
+        from avatar_render.dist.parallelize import local_piece
+
+        if (pair := local_piece(param, delta)) is not None:
+            local, piece = pair
+            local.copy_((local.float() + piece.to(local.device, torch.float32)).to(local.dtype))
+        return
     param.copy_((param.float() + delta.to(param.device, torch.float32)).to(param.dtype))
 
 

@@ -183,10 +183,13 @@ class TorchModule(Module):
     def read_weights(self, net: nn.Module) -> None:
         """Fill ``net`` (meta tensors) from ``weight_files()``."""
 
-    def _load(self) -> None:
+    def check_files(self) -> None:
         missing = self.missing_files()
         if missing:
             raise AvatarRenderError(f"The {self.what} weights are incomplete: {missing[0]} is missing.")
+
+    def _load(self) -> None:
+        self.check_files()
         if self.weight_files():
             with torch.device("meta"):
                 net = self.build()
