@@ -30,7 +30,7 @@ from avatar_render.pipeline.state import CannotResume, Checkpoint
 from avatar_render.pipeline.types import RequestInput, StaticConditioning
 from avatar_render.preview.engine import build_preview
 from avatar_render.resume import move_into_place, prior_commit, replay_audio
-from avatar_render.dist.launch import distributed
+from avatar_render.dist.launch import distributed, share_resume_point
 from avatar_render.stop import RenderStopped, StopNow
 from avatar_render.telemetry import Telemetry, peak_gpu_mb, peak_rss_mb, write_report
 
@@ -167,6 +167,7 @@ def render(
                     journal = journal or Journal.open(journal_path(output), create=True)
                     journal.begin(ident)
                     point = None
+                share_resume_point(point[0] if point else None)  # the other processes of a torchrun launch
                 run = _Run(request, pipeline, static, audio, telemetry, journal, on_progress, should_stop)
                 return run.stream(point, prior)
         finally:

@@ -245,3 +245,38 @@ def test_each_process_reads_into_its_shards_only(model_folder, tmp_path):
         r = json.loads((tmp_path / f"r.{rank}").read_text())
         assert r["sharded_when_read"] == [True]  # sharded before any tensor was read
         assert abs(r["mine"] / r["total"] - 0.5) < 0.05
+
+
+# Runs the CLI with the decode stage of process 0 failing at its argv[1]-th call.
+FAIL_AT = textwrap.dedent('''
+    import os, sys
+    from avatar_render.errors import AvatarRenderError
+    from avatar_render.infinitetalk import stages
+    at, calls, original = int(sys.argv[1]), [0], stages.LatentDecode.run
+    def run(self, x, *, static, carry):
+        calls[0] += 1
+        if calls[0] == at and os.environ.get("RANK") == "0":
+            raise AvatarRenderError("Injected failure for testing")
+        return original(self, x, static=static, carry=carry)
+    stages.LatentDecode.run = run
+    from avatar_render.cli import main
+    sys.argv = ["avatar-render", *sys.argv[2:]]
+    main()
+''')
+
+
+def test_a_failed_launch_resumes_under_torchrun(tmp_path):
+    audio = write_audio(tmp_path / "s.wav", speech_like(3.0, 16000, seed=4), 16000)
+    done = subprocess.run([sys.executable, *render_args(tmp_path, audio, "one")], cwd=ROOT, env=env(),
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    script = tmp_path / "fail.py"
+    script.write_text(FAIL_AT)
+    args = render_args(tmp_path, audio, "two")[2:]  # without "-m avatar_render"
+    failed = torchrun(2, [str(script), "4", *args])
+    assert failed.returncode != 0 and "--resume to continue from frame" in failed.stderr, failed.stderr[-3000:]
+    resumed = torchrun(2, render_args(tmp_path, audio, "two", "--resume"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming" in resumed.stdout
+    assert hashes(tmp_path / "two.json") == hashes(tmp_path / "one.json")
+    assert decoded(tmp_path / "two.mp4").shape == decoded(tmp_path / "one.mp4").shape

@@ -10,6 +10,7 @@ from pathlib import Path
 def follow(request) -> None:
     """Run ``request``'s pipeline to its end without writing anything."""
     from avatar_render.api import build_pipeline
+    from avatar_render.dist.launch import share_resume_point
     from avatar_render.io.audio import AudioReader
     from avatar_render.io.reference import load_reference
     from avatar_render.pipeline.types import RequestInput
@@ -23,5 +24,6 @@ def follow(request) -> None:
             width=cfg.video.width, height=cfg.video.height, seed=cfg.seed,
         ))
         del reference
-        for _ in pipeline.stream(static, audio, seed=cfg.seed):
+        resume = share_resume_point(None)  # the writer's, read from its journal
+        for _ in pipeline.stream(static, audio, seed=cfg.seed, resume=resume):
             pass

@@ -195,6 +195,14 @@ def broadcast(mesh: Mesh, value: object) -> object:
     return box[0]
 
 
+def share_resume_point(checkpoint: object) -> object:
+    """The writer's resume checkpoint (or None) on every process of this launch: the others run
+    their chunk loop from the same point. Every process calls it once, after ``prepare``."""
+    from avatar_render.dist.mesh import current
+
+    return broadcast(current(), checkpoint)
+
+
 def injected_failure(mesh: Mesh) -> None:
     """Tests only: fail on the rank named by the test environment variable."""
     if mesh.distributed and os.environ.get(TEST_FAIL_ENV) == str(mesh.rank):
@@ -214,8 +222,6 @@ def distributed(render: Callable) -> Callable:
         cfg = request.config
         writer = Launch.from_env().rank == 0
         with session(sp=cfg.dist.sp, on_abort=bind(forget_empty_render, Path(request.output)) if writer else None) as mesh:
-            if request.resume:
-                raise AvatarRenderError("--resume is not supported yet with more than one process; resume with a single process or start over with --force.")
             agree(mesh, "seed and config", {"seed": cfg.seed, "config": repr(cfg)})
             if mesh.is_writer and kw.get("on_message") is not None:
                 kw["on_message"]("info", mesh.affinity)
