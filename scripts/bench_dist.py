@@ -171,6 +171,9 @@ def main() -> None:
         print(f"\n{'stage':<22}{'calls':>6} {'mean ms':>9} {'max ms':>9}")
         for name, v in tl.stage_s.items():
             print(f"{name:<22}{len(v):>6} {ms(v)}")
+        if "a2v" in tl.stage_s and cfg.backend == "infinitetalk":
+            print(f"sampling step: {1000 * statistics.mean(tl.stage_s['a2v']) / cfg.model.steps:.1f} ms "
+                  f"(a2v / {cfg.model.steps} steps); generated {frames / wall:.2f} fps over {wall:.1f} s")
         print(f"\n{'switch (visible)':<22}{'calls':>6} {'mean ms':>9} {'max ms':>9}   of which offload+prefetch mean/max ms")
         for key, v in tl.visible_s.items():
             print(f"{key:<22}{len(v):>6} {ms(v)}   {ms(tl.move_s[key])}")

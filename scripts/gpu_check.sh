@@ -10,8 +10,9 @@
 #    streamed block by block from pinned host memory (scripts/gpu_check.py).
 # 2. render: the CLI end to end (flashtalk recipe, 640x640) on a few seconds of the example audio: time
 #    to first frame, generated fps, per-stage seconds, peak GPU memory; the MP4 is decoded back.
-# 3. switches: per-stage times and the visible overhead of each stage switch (scripts/bench_dist.py),
-#    DiT resident and DiT offloaded between stages.
+# 3. switches: per-stage times, time to first frame, peak GPU memory per process and the visible
+#    overhead of each stage switch (scripts/bench_dist.py), DiT resident and DiT offloaded; with several
+#    GPUs under torchrun over all of them, and the 40-step recipe at 480p and 720p as well.
 set -u
 out=${1:-gpu-results}
 mkdir -p "$out"
@@ -52,6 +53,21 @@ with av.open(sys.argv[1]) as c:
     print(f"{v.codec_context.name} {v.width}x{v.height}, {frames} frames decoded; {a.codec_context.name} {a.rate} Hz; {c.duration / 1e6:.3f} s")
 ' "$out/render.mp4"
 
-part switches "${SWITCH_LIMIT:-80}" "$py" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box"
-part switches_offloaded "${SWITCH_LIMIT:-80}" "$py" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" \
-  dist.offload.dit=offloaded
+# One process per GPU: with several GPUs the stage runs below are torchrun launches over all of them
+# (sequence parallel over every GPU, so each process holds 1/N of the DiT and of every chunk's tokens).
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+launch=("$py")
+dist=()
+if [ "${gpus:-0}" -gt 1 ]; then
+  launch=(torchrun --standalone --nproc-per-node "$gpus")
+  dist=("dist.sp=$gpus")
+fi
+part switches "${SWITCH_LIMIT:-80}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" "${dist[@]}"
+part switches_offloaded "${SWITCH_LIMIT:-80}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" \
+  dist.offload.dit=offloaded "${dist[@]}"
+if [ "${gpus:-0}" -gt 1 ]; then  # the 40-step recipe at 480p and 720p, two steps a chunk (per-step time printed)
+  part node_480p "${NODE_LIMIT:-240}" "${launch[@]}" scripts/bench_dist.py -c configs/infinitetalk-480p.yaml --seconds 6 "$box" \
+    model.steps=2 "${dist[@]}"
+  part node_720p "${NODE_LIMIT:-240}" "${launch[@]}" scripts/bench_dist.py -c configs/infinitetalk-720p.yaml --seconds 6 "$box" \
+    model.steps=2 "${dist[@]}"
+fi
