@@ -219,7 +219,7 @@ SHARDED_READ = textwrap.dedent('''
     import avatar_render.models.checkpoints as ck
     from avatar_render.config import load_config
     from avatar_render.dist.launch import session
-    from avatar_render.dist.parallelize import dit_plan, local_numel
+    from avatar_render.dist.parallelize import dit_plan, local_numel, text_plan
     from avatar_render.infinitetalk.components import make_components
 
     seen, read = [], ck.load_into
@@ -229,14 +229,19 @@ SHARDED_READ = textwrap.dedent('''
     ck.load_into = watched
     cfg = load_config(sys.argv[2], ("model.root=" + sys.argv[3],))
     with session() as mesh:
-        dit = make_components(cfg.model, seed=0, parallel=dit_plan(cfg.dist, mesh)).dit
-        dit.load()
-        mine, total = local_numel(dit.net)
-        json.dump({"sharded_when_read": seen, "mine": mine, "total": total}, open(f"{sys.argv[1]}.{mesh.rank}", "w"))
+        comps = make_components(cfg.model, seed=0, parallel=dit_plan(cfg.dist, mesh), text_shard=text_plan(cfg.dist, mesh))
+        for m in (comps.dit, comps.text):
+            m.load()
+            m.prefetch()  # (no-ops once sharded)
+            m.offload()
+        mine, total = local_numel(comps.dit.net)
+        text_mine, text_total = local_numel(comps.text.net)
+        json.dump({"sharded_when_read": seen, "mine": mine, "total": total, "text": text_mine / text_total,
+                   "placements": [comps.dit.placement.value, comps.text.placement.value]}, open(f"{sys.argv[1]}.{mesh.rank}", "w"))
 ''')
 
 
-def test_each_process_reads_into_its_shards_only(model_folder, tmp_path):
+def test_each_process_reads_into_its_shards_only_and_the_text_encoder_is_sharded(model_folder, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(SHARDED_READ)
     done = torchrun(2, [str(script), str(tmp_path / "r"), str(ROOT / "configs" / "tiny.yaml"), str(model_folder)])
@@ -245,6 +250,8 @@ def test_each_process_reads_into_its_shards_only(model_folder, tmp_path):
         r = json.loads((tmp_path / f"r.{rank}").read_text())
         assert r["sharded_when_read"] == [True]  # sharded before any tensor was read
         assert abs(r["mine"] / r["total"] - 0.5) < 0.05
+        assert abs(r["text"] - 0.5) < 0.05  # the text encoder is sharded too (read whole, then split)
+        assert r["placements"] == ["sharded", "sharded"]
 
 
 # Runs the CLI with the decode stage of process 0 failing at its argv[1]-th call.

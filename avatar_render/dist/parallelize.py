@@ -73,6 +73,14 @@ def dit_plan(dist_cfg: DistConfig, mesh: Mesh) -> Optional[DiTPlan]:
     return DiTPlan(apply=apply, home=home)
 
 
+def text_plan(dist_cfg: DistConfig, mesh: Mesh) -> Optional[Callable[[nn.Module], None]]:
+    """Shard the umT5 text encoder like the DiT (each block, then the root) when ``dist.fsdp``: it runs
+    once per request, and afterwards each process keeps 1/N of its 5.7 B parameters instead of all."""
+    if not mesh.distributed or not dist_cfg.fsdp:
+        return None
+    return lambda net: shard(net, list(net.encoder.block), mesh, prefetch=dist_cfg.prefetch_blocks)
+
+
 def local_piece(param: torch.Tensor, full: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """(this process's local tensor of the sharded parameter ``param``, the same piece of ``full``),
     or None when this process holds none of it. ``param`` is a DTensor sharded on one dimension

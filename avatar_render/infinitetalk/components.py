@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -37,9 +37,9 @@ class DiTModule(TorchModule):
                  loras: tuple[tuple[Path, float], ...] = (), device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.bfloat16, seed: int = 0,
                  parallel: Optional[DiTPlan] = None, stream_blocks: int = 0) -> None:
-        super().__init__(device=device, dtype=dtype, seed=seed)
+        super().__init__(device=device, dtype=dtype, seed=seed, shard=parallel.apply if parallel else None)
         self.config, self.root, self.audio_module, self.loras = config, root, audio_module, loras
-        self.parallel = parallel  # shards / splits the DiT across processes (dist.parallelize)
+        self.plan = parallel  # how the DiT is split across processes (dist.parallelize)
         self.stream_blocks = stream_blocks if parallel is None else 0  # >0: blocks in pinned host memory, this many ahead
         self.streamer: Optional[BlockStreamer] = None
 
@@ -49,14 +49,11 @@ class DiTModule(TorchModule):
             # generic path builds in float32 first, twice the memory (about 75 GB at 14B).
             net = materialize_random(build_dit(self.config), device=self.device, dtype=self.dtype, seed=self.seed)
             self.net = net.eval().requires_grad_(False)
-        elif self.parallel is not None and self.parallel.home is not None:
-            self.net = self._sharded_from_files(self.parallel)
-            return
+        elif self.plan is not None and self.plan.home is not None:
+            self.net = self._sharded_from_files(self.plan)
         else:
             super()._load()
-        if self.parallel is not None:
-            self.parallel.apply(self.net)
-        elif self.stream_blocks:
+        if self.stream_blocks:
             net = self.net
             self.streamer = BlockStreamer(net.blocks, self.device, ahead=self.stream_blocks)
             for name, child in net.named_children():  # everything but the blocks stays on the device
@@ -80,15 +77,13 @@ class DiTModule(TorchModule):
 
     def load(self) -> None:
         super().load()
-        if self.parallel is not None:
-            self.placement = Placement.SHARDED
-        elif self.streamer is not None:
+        if self.streamer is not None:
             self.placement = Placement.STREAMED
 
     def offload(self) -> None:
         if self.streamer is not None:
             self.streamer.release()
-        elif self.parallel is None:  # sharded: FSDP's offload policy decides where the shards live
+        else:
             super().offload()
 
     def prefetch(self) -> None:
@@ -96,7 +91,7 @@ class DiTModule(TorchModule):
             self.load()
         if self.streamer is not None:
             self.streamer.prefetch()
-        elif self.parallel is None:
+        else:
             super().prefetch()
 
     @property
@@ -160,8 +155,10 @@ def architectures(size: str) -> Architectures:
 
 
 def make_components(m: ModelConfig, *, seed: int, parallel: Optional[DiTPlan] = None,
+                    text_shard: Optional[Callable[[nn.Module], None]] = None,
                     device: Optional[torch.device] = None, stream_dit: int = 0) -> Components:
-    """``parallel``: applied to the loaded DiT (multi-process); ``device``: this process's GPU there;
+    """``parallel``: how the DiT is split across processes; ``text_shard``: applied to the loaded text
+    encoder (multi-process); ``device``: this process's GPU there;
     ``stream_dit`` > 0: keep the DiT's blocks in pinned host memory, each copied to the device
     that many blocks ahead of its forward."""
     device = resolve_device(m.device) if device is None or resolve_device(m.device).type == "cpu" else device
@@ -185,7 +182,7 @@ def make_components(m: ModelConfig, *, seed: int, parallel: Optional[DiTPlan] = 
         dit=DiTModule(dit_cfg, root=root, audio_module=audio_module, loras=loras, dtype=dtype, parallel=parallel,
                       stream_blocks=stream_dit, **kw),
         vae=WanVae(vae_cfg, path=root, dtype=getattr(torch, m.vae_dtype), **kw),
-        text=TextEncoder(text_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, **kw),
+        text=TextEncoder(text_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, shard=text_shard, **kw),
         image=ImageEncoder(image_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, **kw),
         audio=AudioEncoder(path=wav2vec, config=audio_cfg, dtype=torch.float32, **kw),
     )

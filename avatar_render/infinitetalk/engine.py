@@ -5,7 +5,7 @@ from __future__ import annotations
 from avatar_render.config import Config
 from avatar_render.dist.mesh import current as current_mesh
 from avatar_render.dist.cfg_parallel import split_passes
-from avatar_render.dist.parallelize import dit_plan
+from avatar_render.dist.parallelize import dit_plan, text_plan
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.a2v import A2VStage
 from avatar_render.infinitetalk.components import make_components
@@ -36,7 +36,8 @@ def build_infinitetalk(cfg: Config) -> Pipeline:
     check_sizes(cfg)
     m, c = cfg.model, cfg.chunk
     mesh = current_mesh()
-    comps = make_components(m, seed=cfg.seed, parallel=dit_plan(cfg.dist, mesh), device=mesh.device if mesh.distributed else None,
+    comps = make_components(m, seed=cfg.seed, parallel=dit_plan(cfg.dist, mesh), text_shard=text_plan(cfg.dist, mesh),
+                            device=mesh.device if mesh.distributed else None,
                             stream_dit=max(1, cfg.dist.prefetch_blocks) if cfg.dist.offload.get("dit") == "offloaded" else 0)
     context_latents = 1 + (c.context_frames - 1) // TIME_STRIDE
     new_latents = c.chunk_frames // TIME_STRIDE + 1  # N0 holds the reference latent too

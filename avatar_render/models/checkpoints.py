@@ -30,6 +30,7 @@ from torch import nn
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.models.dit import DiTConfig, WanAudioDiT, build_dit, param_dtype
+from avatar_render.models.weights import is_sharded
 
 INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
 SINGLE_NAME = "diffusion_pytorch_model.safetensors"
@@ -196,13 +197,6 @@ def check_sources(sources: dict[str, TensorSource], expected: dict[str, tuple[in
 
 
 @torch.no_grad()
-def is_sharded(t: torch.Tensor) -> bool:
-    """A parameter split across processes (a DTensor: FSDP2 applied before the weights were read)."""
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
-
-
 def load_into(
     model: WanAudioDiT,
     sources: dict[str, TensorSource],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,8 +126,9 @@ class TextEncoder(TorchModule):
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.bfloat16,
         seed: int = 0,
+        shard: Callable[[nn.Module], None] | None = None,
     ) -> None:
-        super().__init__(device=device, dtype=dtype, seed=seed)
+        super().__init__(device=device, dtype=dtype, seed=seed, shard=shard)
         self.config = config
         self._umt5 = config.umt5()
         self.path = Path(path) if path is not None else None

@@ -144,6 +144,13 @@ def load_checkpoint(
         raise AvatarRenderError(f"{names} lack {len(missing)} tensors the {what} needs: {listed}.")
 
 
+def is_sharded(t: torch.Tensor) -> bool:
+    """A parameter split across processes (a DTensor: FSDP2 applied to its module)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
 def _assign(net: nn.Module, names: list[str], tensor: torch.Tensor) -> None:
     param = None
     for name in names:
@@ -167,12 +174,14 @@ class TorchModule(Module):
     what: str = "model"  # for messages: "the {what} needs ..."
 
     def __init__(
-        self, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0
+        self, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
+        shard: Callable[[nn.Module], None] | None = None,
     ) -> None:
         super().__init__()
         self.device = torch.device(device)
         self.dtype = dtype
         self.seed = seed
+        self.shard = shard  # splits the loaded net across the processes of a launch (dist.parallelize)
         self.net: nn.Module | None = None
 
     @abstractmethod
@@ -207,14 +216,20 @@ class TorchModule(Module):
         self.net = net.eval().requires_grad_(False)
 
     def load(self) -> None:
-        """Read the weights into host memory (random weights: straight onto the compute device)."""
+        """Read the weights into host memory (random weights: straight onto the compute device);
+        with ``shard``, split them across the processes (each keeps its piece where it computes)."""
         if self.placement is Placement.UNLOADED:
             self._load()
+            if self.shard is not None and not is_sharded(next(self.net.parameters())):  # (or done while reading)
+                self.shard(self.net)
+            if is_sharded(next(self.net.parameters())):
+                self.placement = Placement.SHARDED
+                return
             on_device = self.compute_device.type != "cpu"
             self.placement = Placement.DEVICE if on_device else Placement.CPU
 
     def offload(self) -> None:
-        if self.net is None:
+        if self.net is None or self.placement is Placement.SHARDED:  # shards stay where FSDP keeps them
             return
         nn.Module.to(self.net, "cpu")
         if torch.cuda.is_available():
@@ -227,6 +242,8 @@ class TorchModule(Module):
     def prefetch(self) -> None:
         if self.net is None:
             self.load()
+        if self.placement is Placement.SHARDED:
+            return
         nn.Module.to(self.net, self.device, non_blocking=True)
         self.placement = Placement.DEVICE if self.device.type != "cpu" else Placement.CPU
 
