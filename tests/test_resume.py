@@ -18,7 +18,7 @@ import av
 import numpy as np
 import pytest
 
-from avatar_render.api import RenderRequest, partial_path, render
+from avatar_render.api import RenderRequest, build_pipeline, partial_path, render
 from avatar_render.config import load_config
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
@@ -409,3 +409,28 @@ def test_same_inputs_same_frames_in_one_process_and_across_runs(work, face_png, 
     for name in ("d1", "d2"):
         api_render(tmp_path, face_png, audio, f"{name}.mp4", report=tmp_path / f"{name}.json")
         assert chunk_hashes(tmp_path / f"{name}.json") == hashes
+
+
+def test_diffusion_loop_resumes_exactly_and_checkpoints_hold_latents_not_the_decoder_cache(tmp_path, face_png):
+    """The tiny diffusion backend over 8 s (200 frames, 50 latents: past the decoder's 39-latent
+    window, so resuming late rebuilds its cache from a window that starts mid-stream)."""
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", ("model.steps=1",))
+    audio_path = write_audio(tmp_path / "a.wav", speech_like(8.0, 16000, seed=5), 16000)
+    pipe = build_pipeline(cfg)
+    static = pipe.prepare(RequestInput(reference=load_reference(face_png), reference_path=face_png, width=64, height=64, seed=0))
+
+    def run(resume=None):
+        with AudioReader(audio_path, fps=cfg.fps, model_rate=pipe.audio_rate) as audio:
+            return list(pipe.stream(static, audio, seed=0, resume=resume, checkpoints=True))
+
+    full = run()
+    checkpoints = [i for i, item in enumerate(full) if isinstance(item, Checkpoint)]
+    for i in (checkpoints[1], checkpoints[-2]):
+        carry = full[i].state.decode_carry
+        assert carry.cache is None and carry.recent.shape[1] == min(carry.decoded, 39)
+        rest = run(resume=unflatten(flatten(full[i])))
+        want = [p for p in full[i + 1 :] if isinstance(p, Published)]
+        got = [p for p in rest if isinstance(p, Published)]
+        assert [p.start for p in got] == [p.start for p in want]
+        assert all(np.array_equal(a.frames, b.frames) for a, b in zip(got, want))
+    assert full[checkpoints[-2]].state.decode_carry.decoded > 39

@@ -10,10 +10,12 @@ import torch
 from avatar_render.errors import AvatarRenderError
 from avatar_render.models.vae import (
     NATIVE_FILE,
+    CausalCache,
     StreamingDecoder,
     StreamingEncoder,
     VaeConfig,
     WanVae,
+    decoder_reach,
     locate_vae,
     native_vae_table,
 )
@@ -185,3 +187,29 @@ def test_offload_and_prefetch_on_cpu(vae: WanVae) -> None:
     assert v.placement is Placement.CPU and v.compute_device.type == "cpu"
     v.offload()
     assert v.placement in (Placement.CPU, Placement.PINNED)
+
+
+def test_decoder_reach_of_the_wan_architecture() -> None:
+    # conv_in + mid block: 5 causal convs at the latent rate, first up block 6 + its time conv;
+    # then 7 at twice the rate, 6 + 6 + head at four times: 2 * (12 + 7 / 2 + 13 / 4) -> 38
+    for config in (VaeConfig(), VaeConfig.tiny()):
+        v = WanVae(config, device="meta")
+        v.load()
+        assert decoder_reach(v.model.decoder) == 38
+
+
+@pytest.mark.parametrize("at", [5, 39, 46])
+def test_cache_restored_from_the_last_latents_continues_exactly(vae: WanVae, at: int) -> None:
+    """A resumed decode rebuilds the causal cache from the last ``window()`` latents alone."""
+    dec = StreamingDecoder(vae)
+    z = torch.randn(1, 16, 52, 2, 2, generator=torch.Generator().manual_seed(4))
+    head, cache = dec.decode(z[:, :, :at], dec.start())
+    want, _ = dec.decode(z[:, :, at:], cache)
+    recent = z[0, :, max(0, at - dec.window()) : at]
+    restored = dec.restore(recent, at)
+    assert restored.steps == at
+    got, _ = dec.decode(z[:, :, at:], restored)
+    assert torch.equal(got, want)
+    if at > dec.window():  # ten latents are far from enough: the comparison can fail
+        short = CausalCache(feats=dec.decode(z[:, :, at - 10 : at], dec.start())[1].feats, steps=at)
+        assert not torch.equal(dec.decode(z[:, :, at:], short)[0], want)

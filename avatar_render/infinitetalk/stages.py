@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import torch
 
 from avatar_render.infinitetalk.grid import frames_in, latent_of, latents_for
-from avatar_render.infinitetalk.types import AudioWindow, LatentSegment, ModelStatic
+from avatar_render.infinitetalk.types import AudioWindow, DecodeCarry, LatentSegment, ModelStatic
 from avatar_render.io.reference import fit_to_frame
 from avatar_render.models.audio_encoder import AudioEncoder
 from avatar_render.models.image_encoder import ImageEncoder
@@ -137,15 +138,24 @@ class LatentDecode(Stage[LatentSegment, Frames]):
     def modules(self) -> tuple[Module, ...]:
         return (self.vae,)
 
-    def init_carry(self, static: Any) -> Any:
-        return StreamingDecoder(self.vae).start()
+    def init_carry(self, static: ModelStatic) -> DecodeCarry:
+        empty = static.ref_latent.new_zeros(static.ref_latent.shape[0], 0, *static.ref_latent.shape[-2:])
+        return DecodeCarry(cache=StreamingDecoder(self.vae).start(), recent=empty, decoded=0)
 
-    def run(self, x: LatentSegment, *, static: ModelStatic, carry: Any) -> tuple[Frames, Any]:
-        frames, cache = StreamingDecoder(self.vae).decode(x.latents[None], carry)
+    def saved_carry(self, carry: DecodeCarry) -> DecodeCarry:
+        return dataclasses.replace(carry, cache=None)  # rebuilt from ``recent`` on resume
+
+    def restored_carry(self, saved: DecodeCarry, static: ModelStatic) -> DecodeCarry:
+        return dataclasses.replace(saved, cache=StreamingDecoder(self.vae).restore(saved.recent, saved.decoded))
+
+    def run(self, x: LatentSegment, *, static: ModelStatic, carry: DecodeCarry) -> tuple[Frames, DecodeCarry]:
+        dec = StreamingDecoder(self.vae)
+        frames, cache = dec.decode(x.latents[None], carry.cache)
         frames = frames[:, :, : x.end - x.start].cpu()
         if self.colour_guard > 0:
             frames = anchor_colour(frames, static.ref_mean, static.ref_std, self.colour_guard)
-        return Frames(start=x.start, frames=to_uint8(frames)), cache
+        recent = torch.cat([carry.recent, x.latents.to(carry.recent)], dim=1)[:, -dec.window():]
+        return Frames(start=x.start, frames=to_uint8(frames)), DecodeCarry(cache, recent, carry.decoded + x.latents.shape[1])
 
 
 def anchor_colour(frames: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, strength: float) -> torch.Tensor:

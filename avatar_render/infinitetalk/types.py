@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from avatar_render.infinitetalk.grid import latent_of, latents_for
+from avatar_render.models.vae import CausalCache
 from avatar_render.pipeline.types import ChunkInput, Generated, Segment, StaticConditioning
 
 
@@ -48,3 +50,13 @@ class LatentChunk(Generated):
     def anchor(self, frame: int) -> torch.Tensor:
         i = latent_of(frame) - self.first_latent
         return self.latents[:, i : i + 1].clone()  # [16, 1, h, w]
+
+
+@dataclass(frozen=True)
+class DecodeCarry:
+    """The causal decoder's cache, and the latents it was last fed: a checkpoint keeps those (a few MB)
+    instead of the cache (GBs of features at 480p) and the cache is rebuilt from them on resume."""
+
+    cache: Optional[CausalCache]  # None in a checkpoint
+    recent: torch.Tensor  # [16, r, h, w] float32 on the CPU: the last ``StreamingDecoder.window()`` latents
+    decoded: int  # latents decoded so far

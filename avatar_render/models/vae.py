@@ -9,6 +9,7 @@ the cache (a ``CausalCache``) from one call to the next, which gives exactly the
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 from diffusers import AutoencoderKLWan
-from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d, WanResample
 from torch import nn
 
 from avatar_render.models.weights import TorchModule, by_table, load_checkpoint, read_json, safetensors_shards
@@ -208,6 +209,27 @@ class WanVae(TorchModule):
         return dec.decode(latents, dec.start())[0]
 
 
+def decoder_reach(decoder: nn.Module) -> int:
+    """How many earlier latents the decoder's causal state depends on: its temporal receptive field,
+    in latents, rounded up. Each causal convolution looks back ``kernel - 1`` frames at its own frame
+    rate, which each 3-D upsampler doubles (children are visited in forward order)."""
+
+    def walk(m: nn.Module, rate: int) -> tuple[float, int]:
+        if isinstance(m, WanCausalConv3d):
+            return (m.kernel_size[0] - 1) * m.dilation[0] / rate, rate
+        if isinstance(m, WanResample):
+            if m.mode == "upsample3d":  # its time convolution runs before the frame rate doubles
+                return walk(m.time_conv, rate)[0], rate * 2
+            return 0.0, rate
+        reach = 0.0
+        for child in m.children():
+            r, rate = walk(child, rate)
+            reach += r
+        return reach, rate
+
+    return math.ceil(walk(decoder, 1)[0])
+
+
 def _num_causal_convs(part: nn.Module) -> int:
     return sum(isinstance(m, WanCausalConv3d) for m in part.modules())
 
@@ -245,6 +267,25 @@ class StreamingDecoder:
             out.append(net.decoder(x[:, :, i : i + 1], feat_cache=feats, feat_idx=[0], first_chunk=first))
         frames = torch.cat(out, dim=2).float().clamp_(-1.0, 1.0)
         return frames, CausalCache(feats=tuple(feats), steps=cache.steps + f)
+
+    def window(self) -> int:
+        """Latents from which ``restore`` rebuilds the cache exactly: the reach and the one decoded first."""
+        return decoder_reach(self.vae.model.decoder) + 1
+
+    @torch.no_grad()
+    def restore(self, recent: torch.Tensor, decoded: int) -> CausalCache:
+        """The cache after ``decoded`` latents of a stream, from its last ones (``recent`` [16, r, h, w]).
+
+        The window is decoded again from an empty cache and its frames thrown away. The state
+        depends on the last ``decoder_reach`` latents only, so it is exact once the window holds
+        ``window()`` latents or the stream from its start. A checkpoint keeps these few latents
+        instead of the cache (several GB of features at 480p)."""
+        if decoded == 0:
+            return self.start()
+        if recent.shape[1] < min(decoded, self.window()):
+            raise ValueError(f"{recent.shape[1]} latents cannot restore the decoder after {decoded} (it needs {self.window()})")
+        cache = self.decode(recent[None], self.start())[1]
+        return CausalCache(feats=cache.feats, steps=decoded)
 
 
 class StreamingEncoder:

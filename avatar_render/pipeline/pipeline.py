@@ -95,6 +95,8 @@ class Pipeline:
             state, done = resume.state, resume.plans_done
             if len(state.carries) != len(self.generate):
                 raise CannotResume("The saved state does not fit this backend's stages, so the render cannot be resumed.")
+            state = replace(state, carries=tuple(s.restored_carry(c, static) for s, c in zip(self.generate, state.carries)),
+                            decode_carry=self.decode.restored_carry(state.decode_carry, static))
         plans = iter_schedule(
             chunk_frames=C,
             transition_frames=T,
@@ -145,7 +147,9 @@ class Pipeline:
                 # I chunks reach back before what was published last: keep their audio.
                 audio.release(max(0, segment.start - T - 1 - math.ceil(self.audio_pad_s * self.fps)))
             if checkpoints:
-                yield Checkpoint(plans_done=number + 1, last_plan=plan, state=state)
+                saved = replace(state, carries=tuple(s.saved_carry(c) for s, c in zip(self.generate, state.carries)),
+                                decode_carry=self.decode.saved_carry(state.decode_carry))
+                yield Checkpoint(plans_done=number + 1, last_plan=plan, state=saved)
         if number + 1 < done:
             raise CannotResume("The saved chunk plan is longer than this audio, so the render cannot be resumed.")
         assert not state.pending and not state.anchors, "every frame published, every anchor used"

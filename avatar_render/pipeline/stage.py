@@ -26,6 +26,14 @@ class Stage(ABC, Generic[In, Out]):
         """This stage's part of the rolling state at the start of a request (None = stateless)."""
         return None
 
+    def saved_carry(self, carry: Any) -> Any:
+        """What a checkpoint keeps of ``carry`` (all of it unless a stage can rebuild the rest)."""
+        return carry
+
+    def restored_carry(self, saved: Any, static: Any) -> Any:
+        """The carry again, from what ``saved_carry`` kept (when a render resumes)."""
+        return saved
+
     @abstractmethod
     def run(self, x: In, *, static: Any, carry: Any) -> tuple[Out, Any]:
         """One call: ``x`` -> (output, new carry)."""
