@@ -88,6 +88,7 @@ class DistConfig:
     # per module: resident | offloaded (blocks in pinned host memory, each copied to the GPU just before
     # its forward: FSDP2's offload policy under torchrun, a block streamer in one process)
     offload: dict[str, str] = field(default_factory=lambda: {"dit": "resident"})
+    split_decode: bool = True  # each process decodes a strip of every frame (else each decodes whole frames)
     cfg_parallel: bool = True  # guidance passes of a step spread over the world / sp replicas (else each computes all)
     prefetch_blocks: int = 1  # DiT blocks whose all-gather (or host-to-device copy) is issued ahead of the running one
 

@@ -15,6 +15,7 @@ from avatar_render.models.vae import (
     StreamingEncoder,
     VaeConfig,
     WanVae,
+    decoder_halo,
     decoder_reach,
     locate_vae,
     native_vae_table,
@@ -213,3 +214,40 @@ def test_cache_restored_from_the_last_latents_continues_exactly(vae: WanVae, at:
     if at > dec.window():  # ten latents are far from enough: the comparison can fail
         short = CausalCache(feats=dec.decode(z[:, :, at - 10 : at], dec.start())[1].feats, steps=at)
         assert not torch.equal(dec.decode(z[:, :, at:], short)[0], want)
+
+
+def test_decoder_halo_of_the_wan_architecture() -> None:
+    # up blocks 6 convs at 1x + 1 after the upsample at 2x, 6 at 2x + 1 at 4x, 6 at 4x + 1 at 8x,
+    # 6 at 8x, head at 8x: 6 + 1/2 + 3 + 1/4 + 3/2 + 1/8 + 3/4 + 1/8 = 12.25 -> 13
+    for config in (VaeConfig(), VaeConfig.tiny()):
+        v = WanVae(config, device="meta")
+        v.load()
+        assert decoder_halo(v.model.decoder) == 13
+
+
+def _strips(vae: WanVae, z: torch.Tensor, parts: int) -> torch.Tensor:
+    h = z.shape[-2]
+    bounds = [round(h * i / parts) for i in range(parts + 1)]
+    strips = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        dec = StreamingDecoder(vae, rows=(lo, hi))
+        cache, out = dec.start(), []
+        for a, b in ((0, 1), (1, 4), (4, 6)):
+            frames, cache = dec.decode(z[:, :, a:b], cache)
+            out.append(frames)
+        strips.append(torch.cat(out, dim=2))
+    return torch.cat(strips, dim=3)
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5])
+def test_strips_decoded_apart_make_the_whole_frame(vae: WanVae, parts: int, monkeypatch) -> None:
+    """A decode split into strips of latent rows (each with its own causal cache, as each process of
+    a split decode keeps) gives the whole decode, latent after latent: the same values up to float32
+    rounding (convolutions over inputs of other sizes add in another order). Frames are in [-1, 1]."""
+    z = torch.randn(1, 16, 6, 40, 3, generator=torch.Generator().manual_seed(6))  # middle strips: 13-row halo both sides
+    whole, _ = _stream(vae, z, [1, 3, 2])
+    got = _strips(vae, z, parts)
+    assert got.shape == whole.shape
+    assert (got - whole).abs().max().item() < 1e-4
+    monkeypatch.setattr("avatar_render.models.vae.decoder_halo", lambda decoder: 6)  # too narrow: the check fails
+    assert (_strips(vae, z, parts) - whole).abs().max().item() > 1e-3

@@ -6,6 +6,7 @@ from avatar_render.config import Config
 from avatar_render.dist.mesh import current as current_mesh
 from avatar_render.dist.cfg_parallel import split_passes
 from avatar_render.dist.parallelize import dit_plan, text_plan
+from avatar_render.dist.split_decode import RowSplit
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.a2v import A2VStage
 from avatar_render.infinitetalk.components import make_components
@@ -53,7 +54,8 @@ def build_infinitetalk(cfg: Config) -> Pipeline:
                      evaluate=split_passes(mesh) if cfg.dist.cfg_parallel else serial,
                      sampler=SamplerConfig(steps=m.steps, shift=m.shift, text_scale=m.text_scale, audio_scale=m.audio_scale)),
         ),
-        decode=LatentDecode(vae=comps.vae, colour_guard=m.colour_guard),
+        decode=LatentDecode(vae=comps.vae, colour_guard=m.colour_guard,
+                            split=RowSplit(mesh) if mesh.distributed and cfg.dist.split_decode else None),
         sizes=ChunkSizes(c.chunk_frames, c.context_frames, c.transition_frames, lead_frames=1),
         fps=fps,
         audio_rate=MODEL_AUDIO_RATE,

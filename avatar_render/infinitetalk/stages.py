@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
+from avatar_render.dist.split_decode import RowSplit
 from avatar_render.infinitetalk.grid import frames_in, latent_of, latents_for
 from avatar_render.infinitetalk.types import AudioWindow, DecodeCarry, LatentSegment, ModelStatic
 from avatar_render.io.reference import fit_to_frame
@@ -131,9 +132,13 @@ class LatentDecode(Stage[LatentSegment, Frames]):
     input_type = LatentSegment
     output_type = Frames
 
-    def __init__(self, *, vae: WanVae, colour_guard: float) -> None:
+    def __init__(self, *, vae: WanVae, colour_guard: float, split: Optional[RowSplit] = None) -> None:
         self.vae = vae
         self.colour_guard = colour_guard
+        self.split = split  # decode a strip of rows here, the other processes the rest (dist.split_decode)
+
+    def _decoder(self, height: int) -> StreamingDecoder:
+        return StreamingDecoder(self.vae, rows=None if self.split is None else self.split.rows(height))
 
     def modules(self) -> tuple[Module, ...]:
         return (self.vae,)
@@ -146,11 +151,14 @@ class LatentDecode(Stage[LatentSegment, Frames]):
         return dataclasses.replace(carry, cache=None)  # rebuilt from ``recent`` on resume
 
     def restored_carry(self, saved: DecodeCarry, static: ModelStatic) -> DecodeCarry:
-        return dataclasses.replace(saved, cache=StreamingDecoder(self.vae).restore(saved.recent, saved.decoded))
+        return dataclasses.replace(saved, cache=self._decoder(saved.recent.shape[-2]).restore(saved.recent, saved.decoded))
 
     def run(self, x: LatentSegment, *, static: ModelStatic, carry: DecodeCarry) -> tuple[Frames, DecodeCarry]:
-        dec = StreamingDecoder(self.vae)
+        height = x.latents.shape[-2]
+        dec = self._decoder(height)
         frames, cache = dec.decode(x.latents[None], carry.cache)
+        if self.split is not None:
+            frames = self.split.gather(frames, height, self.vae.config.spatial_factor)
         frames = frames[:, :, : x.end - x.start].cpu()
         if self.colour_guard > 0:
             frames = anchor_colour(frames, static.ref_mean, static.ref_std, self.colour_guard)

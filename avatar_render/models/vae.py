@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from diffusers import AutoencoderKLWan
-from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d, WanResample
+from diffusers.models.autoencoders.autoencoder_kl_wan import CACHE_T, WanCausalConv3d, WanResample, WanUpsample
 from torch import nn
 
 from avatar_render.models.weights import TorchModule, by_table, load_checkpoint, read_json, safetensors_shards
@@ -230,6 +230,61 @@ def decoder_reach(decoder: nn.Module) -> int:
     return math.ceil(walk(decoder, 1)[0])
 
 
+def decoder_halo(decoder: nn.Module) -> int:
+    """Latent rows beyond a strip that its decoded pixels depend on, past the middle block (whose
+    attention sees the whole frame, so it runs on whole frames): the spatial receptive field of the
+    upsampling blocks and the head, in latent rows, rounded up."""
+
+    def walk(m: nn.Module, scale: int) -> tuple[float, int]:
+        if isinstance(m, WanUpsample):
+            return 0.0, scale * int(m.scale_factor[0])
+        if isinstance(m, (nn.Conv2d, nn.Conv3d)):
+            k, d = m.kernel_size[-2], m.dilation[-2]
+            return (k - 1) // 2 * d / scale, scale
+        reach = 0.0
+        for child in m.children():
+            r, scale = walk(child, scale)
+            reach += r
+        return reach, scale
+
+    reach, scale = 0.0, 1
+    for part in (decoder.up_blocks, decoder.conv_out):
+        r, scale = walk(part, scale)
+        reach += r
+    return math.ceil(reach)
+
+
+def _cached_conv(conv: nn.Module, x: torch.Tensor, feats: list, idx: list[int]) -> torch.Tensor:
+    """One causal convolution with its cache entry, as the Wan decoder runs its first and last ones."""
+    i = idx[0]
+    keep = x[:, :, -CACHE_T:].clone()
+    if keep.shape[2] < 2 and feats[i] is not None:
+        keep = torch.cat([feats[i][:, :, -1:].to(keep.device), keep], dim=2)
+    x = conv(x, feats[i])
+    feats[i] = keep
+    idx[0] += 1
+    return x
+
+
+def decode_rows(decoder: nn.Module, x: torch.Tensor, feats: list, first: bool, rows: tuple[int, int]) -> torch.Tensor:
+    """The decoder's forward for one latent, keeping only output rows of latent rows ``[lo, hi)``:
+    the stem and middle block on the whole frame, the rest on the strip and its halo.
+    x [B, C, 1, h, w] -> [B, 3, T, 8 (hi - lo), 8 w]."""
+    idx = [0]
+    x = _cached_conv(decoder.conv_in, x, feats, idx)
+    x = decoder.mid_block(x, feat_cache=feats, feat_idx=idx)
+    lo, hi = rows
+    halo = decoder_halo(decoder)
+    a, b = max(lo - halo, 0), min(hi + halo, x.shape[-2])
+    x = x[..., a:b, :]
+    for up in decoder.up_blocks:
+        x = up(x, feat_cache=feats, feat_idx=idx, first_chunk=first)
+    x = decoder.nonlinearity(decoder.norm_out(x))
+    x = _cached_conv(decoder.conv_out, x, feats, idx)
+    s = x.shape[-2] // (b - a)
+    return x[..., (lo - a) * s : (hi - a) * s, :]
+
+
 def _num_causal_convs(part: nn.Module) -> int:
     return sum(isinstance(m, WanCausalConv3d) for m in part.modules())
 
@@ -240,8 +295,9 @@ class StreamingDecoder:
     The object holds no stream state; the cache goes in and comes out of every call.
     """
 
-    def __init__(self, vae: WanVae) -> None:
+    def __init__(self, vae: WanVae, rows: tuple[int, int] | None = None) -> None:
         self.vae = vae
+        self.rows = rows  # decode only the pixels of these latent rows [lo, hi) (a strip of a split decode)
 
     def start(self) -> CausalCache:
         return CausalCache(feats=(None,) * _num_causal_convs(self.vae.model.decoder))
@@ -255,16 +311,21 @@ class StreamingDecoder:
         net = self.vae.model
         mean, std = self.vae._stats()
         b, _, f, h, w = latents.shape
-        if f == 0:
-            s = self.vae.config.spatial_factor
-            return torch.zeros(b, 3, 0, h * s, w * s, device=mean.device), cache
+        rows = h if self.rows is None else self.rows[1] - self.rows[0]
+        if f == 0 or rows == 0:  # nothing to decode (an empty strip: more processes than latent rows)
+            s, n = self.vae.config.spatial_factor, self.vae.config.temporal_factor
+            t = 0 if f == 0 else n * f - (n - 1) * (cache.steps == 0)
+            return torch.zeros(b, 3, t, rows * s, w * s, device=mean.device), CausalCache(feats=cache.feats, steps=cache.steps + f)
         z = (latents.to(mean.device, torch.float32) * std + mean).to(self.vae.dtype)
         x = net.post_quant_conv(z)  # 1x1x1: no temporal state
         feats = list(cache.feats)
         out = []
         for i in range(f):
             first = cache.steps + i == 0
-            out.append(net.decoder(x[:, :, i : i + 1], feat_cache=feats, feat_idx=[0], first_chunk=first))
+            if self.rows is None:
+                out.append(net.decoder(x[:, :, i : i + 1], feat_cache=feats, feat_idx=[0], first_chunk=first))
+            else:
+                out.append(decode_rows(net.decoder, x[:, :, i : i + 1], feats, first, self.rows))
         frames = torch.cat(out, dim=2).float().clamp_(-1.0, 1.0)
         return frames, CausalCache(feats=tuple(feats), steps=cache.steps + f)
 
