@@ -197,17 +197,22 @@ def test_unsaveable_state_is_named():
 # -- the chunk loop resumes exactly ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("transition", [0, 4])
-def test_chunk_loop_resumes_exactly_from_every_checkpoint(tmp_path, face_png, transition):
-    cfg = load_config(None, ("video.width=32", "video.height=32", "chunk.chunk_frames=10", f"chunk.transition_frames={transition}"))
-    audio_path = write_audio(tmp_path / "a.wav", speech_like(3.3, 16000, seed=1), 16000)
-    pipe = build_preview(cfg)
-    static = pipe.prepare(RequestInput(reference=load_reference(face_png), reference_path=face_png, width=32, height=32, seed=0))
+def chunk_loop(cfg, pipe, face: Path, audio_path: Path):
+    """run(resume=None) -> every item the pipeline's chunk loop yields, checkpoints included."""
+    w, h = cfg.video.width, cfg.video.height
+    static = pipe.prepare(RequestInput(reference=load_reference(face), reference_path=face, width=w, height=h, seed=0))
 
     def run(resume=None):
         with AudioReader(audio_path, fps=cfg.fps, model_rate=pipe.audio_rate) as audio:
             return list(pipe.stream(static, audio, seed=0, resume=resume, checkpoints=True))
 
+    return run
+
+
+@pytest.mark.parametrize("transition", [0, 4])
+def test_chunk_loop_resumes_exactly_from_every_checkpoint(tmp_path, face_png, transition):
+    cfg = load_config(None, ("video.width=32", "video.height=32", "chunk.chunk_frames=10", f"chunk.transition_frames={transition}"))
+    run = chunk_loop(cfg, build_preview(cfg), face_png, write_audio(tmp_path / "a.wav", speech_like(3.3, 16000, seed=1), 16000))
     full = run()
     checkpoints = [i for i, item in enumerate(full) if isinstance(item, Checkpoint)]
     assert len(checkpoints) == full[-1].plans_done > 3
@@ -415,14 +420,7 @@ def test_diffusion_loop_resumes_exactly_and_checkpoints_hold_latents_not_the_dec
     """The tiny diffusion backend over 8 s (200 frames, 50 latents: past the decoder's 39-latent
     window, so resuming late rebuilds its cache from a window that starts mid-stream)."""
     cfg = load_config(ROOT / "configs" / "tiny.yaml", ("model.steps=1",))
-    audio_path = write_audio(tmp_path / "a.wav", speech_like(8.0, 16000, seed=5), 16000)
-    pipe = build_pipeline(cfg)
-    static = pipe.prepare(RequestInput(reference=load_reference(face_png), reference_path=face_png, width=64, height=64, seed=0))
-
-    def run(resume=None):
-        with AudioReader(audio_path, fps=cfg.fps, model_rate=pipe.audio_rate) as audio:
-            return list(pipe.stream(static, audio, seed=0, resume=resume, checkpoints=True))
-
+    run = chunk_loop(cfg, build_pipeline(cfg), face_png, write_audio(tmp_path / "a.wav", speech_like(8.0, 16000, seed=5), 16000))
     full = run()
     checkpoints = [i for i, item in enumerate(full) if isinstance(item, Checkpoint)]
     for i in (checkpoints[1], checkpoints[-2]):
