@@ -178,6 +178,17 @@ def test_the_library_entry_imports_without_torch():
     assert done.returncode == 0, done.stderr
 
 
+def test_the_preview_renders_without_torch(tmp_path):
+    """The README's first command installs no PyTorch: the whole preview render must not import it."""
+    code = ("import sys; sys.modules['torch'] = None; from avatar_render.cli import main; "
+            f"sys.argv = ['avatar-render', 'render', '--ref', {str(ROOT / 'examples' / 'face.png')!r}, '--audio', "
+            f"{str(ROOT / 'examples' / 'talk.wav')!r}, '-o', {str(tmp_path / 'o.mp4')!r}, '--quiet', 'video.width=64', "
+            "'video.height=64']; main()")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "o.mp4").stat().st_size > 0
+
+
 def test_launch_environment_is_checked():
     assert Launch.from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}).world == 4
     with pytest.raises(AvatarRenderError, match="RANK=4"):

@@ -198,6 +198,8 @@ def broadcast(mesh: Mesh, value: object) -> object:
 def share_resume_point(checkpoint: object) -> object:
     """The writer's resume checkpoint (or None) on every process of this launch: the others run
     their chunk loop from the same point. Every process calls it once, after ``prepare``."""
+    if Launch.from_env().world == 1:  # (and no torch needed: the preview backend runs without it)
+        return checkpoint
     from avatar_render.dist.mesh import current
 
     return broadcast(current(), checkpoint)
