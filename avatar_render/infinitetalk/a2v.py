@@ -75,7 +75,7 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
         m = front.shape[1]
         model = self.dit.model
         dtype = next(model.parameters()).dtype
-        device = next(model.parameters()).device
+        device = self.dit.compute_device
         cond = static.cond[:, :, :n].to(device, dtype)
         audio = x.features.to(device, dtype)
         zero_audio = torch.zeros_like(audio)

@@ -249,8 +249,11 @@ class TorchModule(Module):
 
     @property
     def compute_device(self) -> torch.device:
-        """Where the weights are now (inputs go there)."""
+        """Where the weights are now (inputs go there); for shards, where they are gathered to compute
+        (FSDP's offload policy keeps them on the host in between)."""
         assert self.net is not None, f"{self.name} is not loaded"
+        if self.placement is Placement.SHARDED:
+            return self.device
         p = next(self.net.parameters())
         return p.device
 
