@@ -53,6 +53,7 @@ class Row:
     peak_gib: float
     streamed_pass_s: float = 0.0  # the DiT's blocks streamed from pinned host memory (dist.offload.dit=offloaded)
     streamed_peak_gib: float = 0.0
+    compiled_pass_s: float = 0.0  # each block compiled (--compile; first size only)
 
 
 def sync(device: torch.device) -> None:
@@ -90,6 +91,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="640x640,960x960", help="WIDTHxHEIGHT list (480p and 720p pixel counts by default)")
     ap.add_argument("--repeats", type=int, default=2, help="timed DiT passes after the warm-up")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time the passes at the first size with each DiT block compiled (torch.compile)")
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
@@ -141,14 +144,18 @@ def main() -> None:
                   f"step {step_s:.3f} s | chunk ({steps} steps + decode {decode_s:.2f} s) {chunk_s:.1f} s | "
                   f"{fps:.2f} fps = {r.realtime_factor:.3f}x real time | peak {peak:.1f} GiB")
     # The same passes with the blocks in pinned host memory, each copied to the GPU one block ahead.
-    streamer = BlockStreamer(dit.blocks, device)
-    for r in rows:
+    def pass_inputs(r: Row) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latents and audio features of one chunk of ``r``'s recipe and size."""
         new_frames, context_frames, _, _ = RECIPES[r.recipe]
         w, h = (int(v) for v in r.size.split("x"))
-        m = 1 + (context_frames - 1) // 4
-        n = m + new_frames // 4
+        n = 1 + (context_frames - 1) // 4 + new_frames // 4
         x = torch.randn(1, 36, n, h // 8, w // 8, device=device, dtype=dtype)
-        audio = torch.randn(1, frames_in(n), arch.dit.audio_window, arch.dit.audio_layers, arch.dit.audio_dim, device=device, dtype=dtype)
+        dims = (arch.dit.audio_window, arch.dit.audio_layers, arch.dit.audio_dim)
+        return x, torch.randn(1, frames_in(n), *dims, device=device, dtype=dtype)
+
+    streamer = BlockStreamer(dit.blocks, device)
+    for r in rows:
+        x, audio = pass_inputs(r)
         with torch.no_grad():
             dit(x, t_in, ctx, clip, audio)  # warm-up
             if gpu:
@@ -157,6 +164,22 @@ def main() -> None:
         r.streamed_peak_gib = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
         print(f"{r.recipe:12s} {r.size:9s} streamed blocks: pass {r.streamed_pass_s:.3f} s "
               f"({r.streamed_pass_s / r.pass_s:.2f}x resident) | peak {r.streamed_peak_gib:.1f} GiB (resident {r.peak_gib:.1f})")
+    if args.compile:  # each block its own compiled region: identical blocks share one compilation
+        streamer.remove()
+        for block in dit.blocks:
+            block.compile()
+        for r in rows:
+            if r.size != f"{sizes[0][0]}x{sizes[0][1]}":
+                continue
+            x, audio = pass_inputs(r)
+            with torch.no_grad():
+                t = time.perf_counter()
+                dit(x, t_in, ctx, clip, audio)  # compiles
+                sync(device)
+                compile_s = time.perf_counter() - t
+                r.compiled_pass_s = timed(lambda: dit(x, t_in, ctx, clip, audio), device, args.repeats)
+            print(f"{r.recipe:12s} {r.size:9s} compiled blocks: pass {r.compiled_pass_s:.3f} s "
+                  f"({r.compiled_pass_s / r.pass_s:.2f}x eager; compiling took {compile_s:.0f} s)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump([asdict(r) for r in rows], f, indent=2)

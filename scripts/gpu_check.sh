@@ -13,6 +13,7 @@
 # 3. switches: per-stage times, time to first frame, peak GPU memory per process and the visible
 #    overhead of each stage switch (scripts/bench_dist.py), DiT resident and DiT offloaded; with several
 #    GPUs under torchrun over all of them, and the 40-step recipe at 480p and 720p as well.
+# 4. speed_compiled: the DiT passes at 480p with each block compiled (torch.compile), against eager.
 set -u
 out=${1:-gpu-results}
 mkdir -p "$out"
@@ -71,3 +72,6 @@ if [ "${gpus:-0}" -gt 1 ]; then  # the 40-step recipe at 480p and 720p, two step
   part node_720p "${NODE_LIMIT:-240}" "${launch[@]}" scripts/bench_dist.py -c configs/infinitetalk-720p.yaml --seconds 6 "$box" \
     model.steps=2 "${dist[@]}"
 fi
+
+# Last, as it is the least sure to fit: the DiT with each block compiled, at 480p.
+[ -n "${SKIP_COMPILE:-}" ] || part speed_compiled "${COMPILE_LIMIT:-300}" "$py" scripts/gpu_check.py --compile --sizes 640x640 --repeats 1
