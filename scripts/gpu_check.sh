@@ -5,15 +5,16 @@
 #
 #   scripts/gpu_check.sh [OUT_DIR]        # figures and logs in OUT_DIR (default gpu-results)
 #
-# 1. speed: DiT pass / step / chunk, VAE decode, achieved TFLOP/s, peak memory at 480p and 720p, for
-#    the InfiniteTalk (40 steps, 3 passes) and FlashTalk (4 steps, 1 pass) recipes; DiT resident and
-#    streamed block by block from pinned host memory (scripts/gpu_check.py).
-# 2. render: the CLI end to end (flashtalk recipe, 640x640) on a few seconds of the example audio: time
+# 1. render: the CLI end to end (flashtalk recipe, 640x640) on a few seconds of the example audio: time
 #    to first frame, generated fps, per-stage seconds, peak GPU memory; the MP4 is decoded back.
-# 3. switches: per-stage times, time to first frame, peak GPU memory per process and the visible
+# 2. switches: per-stage times, time to first frame, peak GPU memory per process and the visible
 #    overhead of each stage switch (scripts/bench_dist.py), DiT resident and DiT offloaded; with several
 #    GPUs under torchrun over all of them, and the 40-step recipe at 480p and 720p as well.
+# 3. speed: DiT pass / step / chunk, VAE decode, achieved TFLOP/s, peak memory at 480p and 720p, for
+#    the InfiniteTalk (40 steps, 3 passes) and FlashTalk (4 steps, 1 pass) recipes; DiT resident and
+#    streamed block by block from pinned host memory (scripts/gpu_check.py).
 # 4. speed_compiled: the DiT passes at 480p with each block compiled (torch.compile), against eager.
+# SKIP_SPEED=1 / SKIP_COMPILE=1 leave parts 3 / 4 out.
 set -u
 out=${1:-gpu-results}
 mkdir -p "$out"
@@ -33,8 +34,6 @@ part() {  # part NAME LIMIT_S COMMAND...
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || true
 nvidia-smi topo -m 2>&1 | head -8 || true
 "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.is_available())"
-
-[ -n "${SKIP_SPEED:-}" ] || part speed "${SPEED_LIMIT:-220}" "$py" scripts/gpu_check.py --out "$out/speed.json"
 
 "$py" - "$seconds" "$out/clip.wav" <<'EOF'
 import sys, wave
@@ -73,5 +72,6 @@ if [ "${gpus:-0}" -gt 1 ]; then  # the 40-step recipe at 480p and 720p, two step
     model.steps=2 "${dist[@]}"
 fi
 
-# Last, as it is the least sure to fit: the DiT with each block compiled, at 480p.
+# The speed figures (docs/benchmarks.md has them for one H200), then, least sure to fit, compiled blocks.
+[ -n "${SKIP_SPEED:-}" ] || part speed "${SPEED_LIMIT:-220}" "$py" scripts/gpu_check.py --out "$out/speed.json"
 [ -n "${SKIP_COMPILE:-}" ] || part speed_compiled "${COMPILE_LIMIT:-300}" "$py" scripts/gpu_check.py --compile --sizes 640x640 --repeats 1
