@@ -62,8 +62,8 @@ if [ "${gpus:-0}" -gt 1 ]; then
   launch=(torchrun --standalone --nproc-per-node "$gpus")
   dist=("dist.sp=$gpus")
 fi
-part switches "${SWITCH_LIMIT:-80}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" "${dist[@]}"
-part switches_offloaded "${SWITCH_LIMIT:-80}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" \
+part switches "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" "${dist[@]}"
+part switches_offloaded "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" \
   dist.offload.dit=offloaded "${dist[@]}"
 if [ "${gpus:-0}" -gt 1 ]; then  # the 40-step recipe at 480p and 720p, two steps a chunk (per-step time printed)
   part node_480p "${NODE_LIMIT:-240}" "${launch[@]}" scripts/bench_dist.py -c configs/infinitetalk-480p.yaml --seconds 6 "$box" \
