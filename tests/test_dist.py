@@ -205,11 +205,11 @@ def test_dist_config_keys_are_validated():
         load_config(None, ("dist.offload.dit=somewhere",))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_weights_read_into_shards_render_the_single_process_frames(model_folder, tmp_path, dtype):
+@pytest.mark.parametrize("dtype,offload", [("float32", "resident"), ("bfloat16", "resident"), ("float32", "offloaded")])
+def test_weights_read_into_shards_render_the_single_process_frames(model_folder, tmp_path, dtype, offload):
     """With a model folder the DiT is sharded on the meta device and each process reads only its
     pieces (LoRA merged piecewise too): the frames equal the single-process render's. bfloat16 mixes
-    bf16 weights and float32 islands in one FSDP unit."""
+    bf16 weights and float32 islands in one FSDP unit; offloaded keeps the shards on the host."""
     lora = tmp_path / "lora.safetensors"
     g = torch.Generator().manual_seed(5)
     d = architectures("tiny").dit.dim
@@ -220,7 +220,7 @@ def test_weights_read_into_shards_render_the_single_process_frames(model_folder,
     done = subprocess.run([sys.executable, *render_args(tmp_path, audio, "one", *extra)], cwd=ROOT, env=env(),
                           capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr[-3000:]
-    done = torchrun(2, render_args(tmp_path, audio, "two", *extra))
+    done = torchrun(2, render_args(tmp_path, audio, "two", *extra, f"dist.offload.dit={offload}"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert hashes(tmp_path / "two.json") == hashes(tmp_path / "one.json")
 
