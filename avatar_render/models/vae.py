@@ -266,15 +266,14 @@ def _cached_conv(conv: nn.Module, x: torch.Tensor, feats: list, idx: list[int]) 
     return x
 
 
-def decode_rows(decoder: nn.Module, x: torch.Tensor, feats: list, first: bool, rows: tuple[int, int]) -> torch.Tensor:
+def decode_rows(decoder: nn.Module, x: torch.Tensor, feats: list, first: bool, rows: tuple[int, int], halo: int) -> torch.Tensor:
     """The decoder's forward for one latent, keeping only output rows of latent rows ``[lo, hi)``:
-    the stem and middle block on the whole frame, the rest on the strip and its halo.
+    the stem and middle block on the whole frame, the rest on the strip and ``halo`` rows around it.
     x [B, C, 1, h, w] -> [B, 3, T, 8 (hi - lo), 8 w]."""
     idx = [0]
     x = _cached_conv(decoder.conv_in, x, feats, idx)
     x = decoder.mid_block(x, feat_cache=feats, feat_idx=idx)
     lo, hi = rows
-    halo = decoder_halo(decoder)
     a, b = max(lo - halo, 0), min(hi + halo, x.shape[-2])
     x = x[..., a:b, :]
     for up in decoder.up_blocks:
@@ -320,12 +319,13 @@ class StreamingDecoder:
         x = net.post_quant_conv(z)  # 1x1x1: no temporal state
         feats = list(cache.feats)
         out = []
+        halo = 0 if self.rows is None else decoder_halo(net.decoder)
         for i in range(f):
             first = cache.steps + i == 0
             if self.rows is None:
                 out.append(net.decoder(x[:, :, i : i + 1], feat_cache=feats, feat_idx=[0], first_chunk=first))
             else:
-                out.append(decode_rows(net.decoder, x[:, :, i : i + 1], feats, first, self.rows))
+                out.append(decode_rows(net.decoder, x[:, :, i : i + 1], feats, first, self.rows, halo))
         frames = torch.cat(out, dim=2).float().clamp_(-1.0, 1.0)
         return frames, CausalCache(feats=tuple(feats), steps=cache.steps + f)
 
