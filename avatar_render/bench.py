@@ -96,6 +96,7 @@ def summarize(rep: dict, *, backend: str) -> dict:
     """A benchmark row from a render report: its headline figures and its per-chunk series."""
     row = {k: rep[k] for k in ("duration_s", "frames", "fps", "width", "height", "chunks", "inputs_s", "time_to_first_frame_s",
                                 "first_frame_on_disk_s", "wall_s", "generated_fps", "realtime_factor", "peak_rss_mb", "stage_s")}
+    row["peak_gpu_mb"] = rep.get("peak_gpu_mb")  # None without a GPU
     row["backend"] = backend
     # The report's "chunks" is its list of chunk records (it follows the chunk count in the file).
     chunks = rep["chunks"] if isinstance(rep.get("chunks"), list) else []

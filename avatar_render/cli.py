@@ -200,7 +200,9 @@ def bench(
                       box=box.SIMPLE_HEAD, caption="fps: generated frames per second; x real: video seconds per wall second; MB: resident memory")
 
         def show(case, row) -> None:
-            out.info(f"{case.seconds:g} s at {case.width}x{case.height} ({case.backend}): {row['generated_fps']:.1f} fps, peak {row['peak_rss_mb']:.0f} MB")
+            gpu = "" if row.get("peak_gpu_mb") is None else f", GPU {row['peak_gpu_mb'] / 1024:.1f} GiB"
+            out.info(f"{case.seconds:g} s at {case.width}x{case.height} ({case.backend}): {row['generated_fps']:.1f} fps, "
+                     f"peak {row['peak_rss_mb']:.0f} MB{gpu}")
             table.add_row(case.backend, f"{row['duration_s']:g} s", f"{row['width']}x{row['height']}", str(row["frames"]),
                           f"{row['time_to_first_frame_s']:.2f} s", f"{row['generated_fps']:.0f}", f"{row['realtime_factor']:.2f}",
                           f"{row['peak_rss_mb']:.0f}", f"{row['rss_mb_first_chunk']:.0f} / {row['rss_mb_last_chunk']:.0f}")

@@ -36,6 +36,8 @@ def test_summarize_turns_chunk_records_into_series():
     assert row["series"]["end_frame"] == [50, 100] and row["series"]["rss_mb"] == [150.0, 160.0]
     assert (row["rss_mb_first_chunk"], row["rss_mb_last_chunk"], row["backend"]) == (150.0, 160.0, "preview")
     assert row["chunks"] == 2
+    assert row["peak_gpu_mb"] is None  # a CPU report; a GPU one carries its figure through
+    assert summarize({**report, "peak_gpu_mb": 3000.0}, backend="infinitetalk")["peak_gpu_mb"] == 3000.0
 
 
 def test_loop_speech_is_exactly_as_long_as_asked(tmp_path):
