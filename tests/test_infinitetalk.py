@@ -110,3 +110,20 @@ def test_every_module_ends_on_its_device(weights, model_folder):
         net = module.net
         where = {t.device.type for t in (*net.parameters(), *net.buffers())}
         assert where == {"meta"}, f"{module.name}: {where}"
+
+
+def test_encoders_that_run_once_are_freed_after_init_and_load_again(face_png):
+    from avatar_render.api import build_pipeline
+    from avatar_render.io.reference import load_reference
+    from avatar_render.pipeline.module import Placement
+    from avatar_render.pipeline.types import RequestInput
+
+    pipe = build_pipeline(tiny_config())
+    request = RequestInput(reference=load_reference(face_png), reference_path=face_png, width=64, height=64, seed=0)
+    first = pipe.prepare(request)
+    init = pipe.init
+    assert (init.text.placement, init.image.placement) == (Placement.UNLOADED, Placement.UNLOADED)
+    assert init.text.net is None and init.image.net is None
+    assert init.vae.placement is not Placement.UNLOADED  # the decode stage still needs it
+    again = pipe.prepare(request)  # read again (the same seeded weights): the same conditioning
+    assert torch.equal(first.text, again.text) and torch.equal(first.clip_fea, again.clip_fea)

@@ -239,6 +239,12 @@ class TorchModule(Module):
         else:
             self.placement = Placement.CPU
 
+    def release(self) -> None:
+        self.net = None
+        super().release()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # give the memory back to the other processes and libraries too
+
     def prefetch(self) -> None:
         if self.net is None:
             self.load()

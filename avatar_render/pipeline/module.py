@@ -50,5 +50,9 @@ class Module(ABC):
     def prefetch(self) -> None:
         """Start moving weights to where they run next (no-op for host-only modules)."""
 
+    def release(self) -> None:
+        """Drop the weights (``load`` reads them again): for a module that will not run again soon."""
+        self.placement = Placement.UNLOADED
+
     def missing_files(self) -> list[Path]:
         return [p for p in self.weight_files() if not Path(p).is_file()]
