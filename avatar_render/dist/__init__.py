@@ -1,5 +1,7 @@
-"""One request across the processes of a ``torchrun`` launch: mesh, launch, FSDP2 sharding and
-Ulysses sequence parallelism. In a single process everything here is a no-op, and importing the package does not import torch."""
+"""One request across the processes of a ``torchrun`` launch: mesh and launch, FSDP2 sharding
+(parallelize), Ulysses sequence parallelism, CFG parallelism, the split VAE decode and NUMA pinning;
+and, for one process, the DiT's blocks streamed from host memory (streaming). In a single process
+the multi-process parts are no-ops, and importing the package does not import torch."""
 
 from avatar_render.dist.launch import agree, broadcast, distributed, is_writer_process, session
 from avatar_render.dist.mesh import Mesh, current
