@@ -317,3 +317,38 @@ def test_image_encoder_errors(tmp_path) -> None:
     path.unlink()
     with pytest.raises(AvatarRenderError, match=f"{CLIP_FILE} is missing"):
         ImageEncoder(ImageEncoderConfig.tiny(), path=tmp_path).load()
+
+
+def test_features_follow_the_video_frame_rate_given(audio_encoder: AudioEncoder, speech: np.ndarray) -> None:
+    """At 30 fps a chunk's features sit at 30 per second (what an encoder made for 30 fps gives),
+    not at the encoder's default 25."""
+    from avatar_render.models.audio_encoder import AudioFeatureConfig
+
+    at30 = AudioEncoder(config=TINY_WAV2VEC2, seed=1, features=AudioFeatureConfig(fps=30.0))
+    at30.load()
+    window = speech[: RATE * 3]
+    got = audio_encoder.encode(window, num_frames=60, pad_s=0.5, fps=30.0)
+    assert torch.equal(got, at30.encode(window, num_frames=60, pad_s=0.5))
+    assert not torch.allclose(got, audio_encoder.encode(window, num_frames=60, pad_s=0.5), atol=1e-3)
+
+
+def test_the_context_stage_asks_for_features_at_the_chunk_frame_rate() -> None:
+    from fractions import Fraction
+
+    from avatar_render.infinitetalk.stages import AudioContext
+    from avatar_render.pipeline.schedule import iter_schedule
+    from avatar_render.pipeline.types import ChunkInput
+
+    class Recording:  # stands in for the encoder: only what the stage asks of it matters here
+        def encode(self, window, **kw):
+            self.kw = kw
+            return torch.zeros(kw["num_frames"], 5, 2, 4)
+
+    enc = Recording()
+    stage = AudioContext(audio=enc, context_latents=2, latent_hw=(4, 4))
+    plan = next(iter(iter_schedule(chunk_frames=16, transition_frames=0, context_frames=5, lead_frames=1,
+                                   frames_upto=lambda n: n)))
+    x = ChunkInput(plan=plan, fps=Fraction(30000, 1001), audio=np.zeros(16000 * 8, np.float32), audio_rate=16000,
+                   audio_pad_s=3.0, anchors=(), seed=0)
+    stage.run(x, static=None, carry=None)
+    assert enc.kw["fps"] == 30000 / 1001

@@ -36,15 +36,6 @@ def to_uint8(frames: torch.Tensor) -> np.ndarray:
     return ((frames[0].permute(1, 2, 3, 0).clamp(-1, 1) + 1) * 127.5 + 0.5).to(torch.uint8).cpu().numpy()
 
 
-def prompt_embedding(text: TextEncoder, prompt: str) -> torch.Tensor:
-    """[1, L, text_dim]. Random-weight runs without a tokenizer use the prompt's bytes as token ids."""
-    if text.tokenizer is not None:
-        return text.encode(prompt)
-    vocab = text.config.vocab_size
-    ids = torch.tensor([[b % (vocab - 2) + 2 for b in prompt.encode()] + [1]])
-    return text.encode_ids(ids)
-
-
 class ModelInit(Stage[RequestInput, ModelStatic]):
     name = "init"
     input_type = RequestInput
@@ -72,8 +63,8 @@ class ModelInit(Stage[RequestInput, ModelStatic]):
             mask = torch.zeros(1, 4, latents.shape[2], *latents.shape[-2:])
             mask[:, :, 0] = 1.0  # the I2V mask marks the first frame only
             clip = self.image.encode(pixels[:, :, 0]).cpu()
-            text = prompt_embedding(self.text, self.prompt).cpu()
-            text_null = prompt_embedding(self.text, self.negative_prompt).cpu()
+            text = self.text.encode(self.prompt).cpu()
+            text_null = self.text.encode(self.negative_prompt).cpu()
         # They run once per request, and a pipeline serves one request: their memory is freed rather
         # than their weights copied to the host (11 GB of pinned memory for umT5-XXL, seconds to copy).
         for once in (self.text, self.image):
@@ -121,7 +112,7 @@ class AudioContext(Stage[ChunkInput, AudioWindow]):
         window = np.zeros(hi - lo, np.float32)
         src = x.audio[max(lo, 0) : max(min(hi, len(x.audio)), 0)]
         window[max(-lo, 0) : max(-lo, 0) + len(src)] = src
-        feats = self.audio.encode(window, num_frames=num_frames, pad_s=AUDIO_MARGIN_S, first_frame=first)
+        feats = self.audio.encode(window, num_frames=num_frames, pad_s=AUDIO_MARGIN_S, first_frame=first, fps=fps)
         g = torch.Generator().manual_seed((x.seed * 1_000_003 + 2 * x.plan.index + (x.plan.kind == "I")) % 2**63)
         noise = torch.randn(16, num_latents, *self.latent_hw, generator=g)
         return AudioWindow(chunk=x, first_frame=first, features=feats[None], noise=noise), None
@@ -161,7 +152,7 @@ class LatentDecode(Stage[LatentSegment, Frames]):
         frames, cache = dec.decode(x.latents[None], carry.cache)
         if self.split is not None:
             frames = self.split.gather(frames, height, self.vae.config.spatial_factor)
-        frames = frames[:, :, : x.end - x.start].cpu()
+        frames = frames[:, :, : x.end - x.start]  # stays on the device for the colour work; to_uint8 moves it
         if self.colour_guard > 0:
             frames = anchor_colour(frames, static.ref_mean, static.ref_std, self.colour_guard)
         recent = torch.cat([carry.recent, x.latents.to(carry.recent)], dim=1)[:, -dec.window():]
@@ -172,5 +163,5 @@ def anchor_colour(frames: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, s
     """Pull each frame's per-channel mean and spread towards the reference's. frames: [1, 3, T, H, W]."""
     flat = frames.flatten(3)
     m, s = flat.mean(3, keepdim=True), flat.std(3, keepdim=True).clamp_min(1e-4)
-    target = (flat - m) / s * std.view(1, 3, 1, 1) + mean.view(1, 3, 1, 1)
+    target = (flat - m) / s * std.to(flat).view(1, 3, 1, 1) + mean.to(flat).view(1, 3, 1, 1)
     return (flat + strength * (target - flat)).view_as(frames).clamp(-1, 1)

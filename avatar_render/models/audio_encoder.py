@@ -163,6 +163,7 @@ class AudioEncoder(TorchModule):
         first_frame: int | None = None,
         total_frames: int | None = None,
         stats: AudioStats | None = None,
+        fps: float | None = None,
     ) -> torch.Tensor:
         """Features of a chunk's ``num_frames`` frames: [num_frames, 2 window + 1, num_layers, hidden] float32.
 
@@ -171,9 +172,11 @@ class AudioEncoder(TorchModule):
         in the file) the window's part before the file start is dropped, and with ``total_frames``
         its part from the file's end on; the +-2 frame windows are then clamped to the file, as the
         family does for the whole file. Otherwise they are clamped to the window. ``stats``: normalise
-        with these statistics instead of the window's own.
+        with these statistics instead of the window's own. ``fps``: the video frame rate the features
+        are made for (default: the encoder's own, 25).
         """
-        rate, fps, w = self.features.sample_rate, self.features.fps, self.features.window
+        rate, w = self.features.sample_rate, self.features.window
+        fps = self.features.fps if fps is None else fps
         hop = rate / fps  # samples per video frame
         x = torch.as_tensor(np.asarray(audio, dtype=np.float32))
         start = float(round(pad_s * rate))  # window sample where chunk frame 0 starts
