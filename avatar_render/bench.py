@@ -94,21 +94,20 @@ def run_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir:
 
 def summarize(rep: dict, *, backend: str) -> dict:
     """A benchmark row from a render report: its headline figures and its per-chunk series."""
-    row = {k: rep[k] for k in ("duration_s", "frames", "fps", "width", "height", "chunks", "inputs_s", "time_to_first_frame_s",
+    row = {k: rep[k] for k in ("duration_s", "frames", "fps", "width", "height", "inputs_s", "time_to_first_frame_s",
                                 "first_frame_on_disk_s", "wall_s", "generated_fps", "realtime_factor", "peak_rss_mb", "stage_s")}
     row["peak_gpu_mb"] = rep.get("peak_gpu_mb")  # None without a GPU
     row["backend"] = backend
-    # The report's "chunks" is its list of chunk records (it follows the chunk count in the file).
-    chunks = rep["chunks"] if isinstance(rep.get("chunks"), list) else []
+    chunks = rep["chunks"]  # the report's chunk records
     row["chunks"] = len(chunks)
     t = np.array([c["t_s"] for c in chunks], np.float64)
     frames = np.array([c["end"] - c["start"] for c in chunks], np.float64)
     dt = np.diff(np.concatenate([[rep["inputs_s"]], t])) if len(t) else t
-    rss = np.array([c["rss_mb"] for c in chunks] or [0.0])
-    row["rss_mb_first_chunk"], row["rss_mb_last_chunk"] = float(rss[0]), float(rss[-1])
+    rss = [c["rss_mb"] for c in chunks]
+    row["rss_mb_first_chunk"], row["rss_mb_last_chunk"] = (float(rss[0]), float(rss[-1])) if rss else (0.0, 0.0)
     row["series"] = {
         "t_s": t.round(4).tolist(),
-        "rss_mb": [c["rss_mb"] for c in chunks],
+        "rss_mb": rss,
         "end_frame": [c["end"] for c in chunks],
         "fps": (frames / np.maximum(dt, 1e-6)).round(2).tolist(),
     }

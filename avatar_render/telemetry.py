@@ -65,8 +65,8 @@ class Telemetry:
             yield
         finally:
             cuda = _cuda()
-            if cuda is not None:
-                cuda.synchronize()
+            if cuda is not None:  # this stage's stream only: the block streamer's copies may run on
+                cuda.current_stream().synchronize()
             dt = time.perf_counter() - t
             self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + dt
             self._chunk_stage[name] = self._chunk_stage.get(name, 0.0) + dt

@@ -1,10 +1,9 @@
 """Stage switches of one render: per-stage times and the visible overhead of each switch.
 
 The switch from stage A to stage B is timed from the last module forward of A to the first module
-forward of B (every nn.Module call is watched). In between, the modules A used that B does not are
-offloaded when ``dist.offload`` says so (``dist.offload.dit=offloaded``) and B's modules are
-prefetched; that part is reported separately. Run it in one process
-or under torchrun (process 0 prints):
+forward of B (every nn.Module call is watched), with the modules placed as a render places them
+(``dist.offload`` decides; a render moves nothing between stages). Run it in one process or under
+torchrun (process 0 prints):
 
     python scripts/bench_dist.py -c configs/tiny.yaml
     torchrun --nproc-per-node 8 scripts/bench_dist.py -c configs/infinitetalk-480p.yaml
@@ -44,15 +43,13 @@ class Timeline:
     kernel of one stage and the first of the next. On a CPU they are wall-clock readings.
     """
 
-    def __init__(self, device: torch.device, offloaded: set[str]) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.offloaded = offloaded  # names of the modules set aside between their stages (dist.offload)
         self.stage: str | None = None
         self.first = self.last = None
-        self.prev: tuple[str, object, tuple] | None = None  # (stage, last op's mark, modules)
+        self.prev: tuple[str, object] | None = None  # (stage, last op's mark)
         self.stage_s: dict[str, list[float]] = defaultdict(list)
         self.visible_s: dict[str, list[float]] = defaultdict(list)
-        self.move_s: dict[str, list[float]] = defaultdict(list)
 
     def mark(self):
         if not self.cuda:
@@ -77,15 +74,6 @@ class Timeline:
             self.last = self.mark()
 
     def run(self, stage, x, static, carry):
-        mods = stage.modules()
-        t0 = time.perf_counter()
-        if self.prev is not None:
-            for m in self.prev[2]:
-                if m not in mods and m.name in self.offloaded:
-                    m.offload()
-        for m in mods:
-            m.prefetch()
-        moved = time.perf_counter() - t0  # host time issuing the moves (copies may still run)
         self.stage, self.first, self.last = stage.name, None, None
         start = time.perf_counter()
         out = stage.run(x, static=static, carry=carry)
@@ -95,8 +83,7 @@ class Timeline:
             if self.prev is not None:
                 key = f"{self.prev[0]} -> {stage.name}"
                 self.visible_s[key].append(self.between(self.prev[1], self.first))
-                self.move_s[key].append(moved)
-            self.prev = (stage.name, self.last, mods)
+            self.prev = (stage.name, self.last)
         self.stage = None
         return out
 
@@ -133,7 +120,7 @@ def main() -> None:
     cfg = load_config(a.config, tuple(a.overrides))
     with session(sp=cfg.dist.sp) as mesh:
         pipeline = build_pipeline(cfg)
-        tl = Timeline(mesh.device, {name for name, policy in cfg.dist.offload.items() if policy == "offloaded"})
+        tl = Timeline(mesh.device)
         reference = load_reference(a.ref)
         with AudioReader(a.audio, fps=cfg.fps, model_rate=pipeline.audio_rate) as audio:
             static = pipeline.prepare(RequestInput(reference=reference, reference_path=a.ref,
@@ -174,9 +161,9 @@ def main() -> None:
         if "a2v" in tl.stage_s and cfg.backend == "infinitetalk":
             print(f"sampling step: {1000 * statistics.mean(tl.stage_s['a2v']) / cfg.model.steps:.1f} ms "
                   f"(a2v / {cfg.model.steps} steps); generated {frames / wall:.2f} fps over {wall:.1f} s")
-        print(f"\n{'switch (visible)':<22}{'calls':>6} {'mean ms':>9} {'max ms':>9}   of which offload+prefetch mean/max ms")
+        print(f"\n{'switch (visible)':<22}{'calls':>6} {'mean ms':>9} {'max ms':>9}")
         for key, v in tl.visible_s.items():
-            print(f"{key:<22}{len(v):>6} {ms(v)}   {ms(tl.move_s[key])}")
+            print(f"{key:<22}{len(v):>6} {ms(v)}")
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="timed DiT passes after the warm-up")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--compile", action="store_true",
-                    help="also time the passes at the first size with each DiT block compiled (torch.compile)")
+                    help="time the passes at the first size with each DiT block compiled (torch.compile) instead of streamed")
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
@@ -153,8 +153,8 @@ def main() -> None:
         dims = (arch.dit.audio_window, arch.dit.audio_layers, arch.dit.audio_dim)
         return x, torch.randn(1, frames_in(n), *dims, device=device, dtype=dtype)
 
-    streamer = BlockStreamer(dit.blocks, device)
-    for r in rows:
+    streamer = BlockStreamer(dit.blocks, device) if not args.compile else None  # (--compile: eager vs compiled only)
+    for r in rows if streamer is not None else ():
         x, audio = pass_inputs(r)
         with torch.no_grad():
             dit(x, t_in, ctx, clip, audio)  # warm-up
@@ -165,7 +165,6 @@ def main() -> None:
         print(f"{r.recipe:12s} {r.size:9s} streamed blocks: pass {r.streamed_pass_s:.3f} s "
               f"({r.streamed_pass_s / r.pass_s:.2f}x resident) | peak {r.streamed_peak_gib:.1f} GiB (resident {r.peak_gib:.1f})")
     if args.compile:  # each block its own compiled region: identical blocks share one compilation
-        streamer.remove()
         for block in dit.blocks:
             block.compile()
         for r in rows:

@@ -15,7 +15,7 @@ import torch
 from avatar_render.infinitetalk.grid import latent_of
 from avatar_render.infinitetalk.types import AudioWindow, LatentChunk, ModelStatic
 from avatar_render.models.sampler import Evaluate, SamplerConfig, sample, serial
-from avatar_render.models.vae import StreamingDecoder, WanVae
+from avatar_render.models.vae import WanVae
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.stage import Stage
 
@@ -31,8 +31,7 @@ class ContextCarry:
 def reencoded(vae: WanVae, chunk_latents: torch.Tensor, context_frames: int) -> torch.Tensor:
     """Decode a chunk, re-encode its last frames: [16, n, h, w] -> [16, m, h, w] whose first latent
     holds one frame, as the family makes its motion frames."""
-    dec = StreamingDecoder(vae)
-    frames, _ = dec.decode(chunk_latents[None], dec.start())  # [1, 3, T, H, W]
+    frames = vae.decode(chunk_latents[None])  # [1, 3, T, H, W]
     return vae.encode(frames[:, :, -context_frames:])[0].cpu()
 
 

@@ -36,7 +36,8 @@ class PhaseCorrelator:
         """(dx, dy, peak): how far the content of ``image`` (same shape as the template) moved, in pixels
         (positive = right, down), and the peak height (1 = identical up to the shift, ~0 = unrelated)."""
         cross = np.fft.rfft2(self._prepare(image)) * self.ref
-        cross /= np.abs(cross) + 1e-12 * float(np.abs(cross).max()) + 1e-30
+        size = np.abs(cross)
+        cross /= size + 1e-12 * float(size.max()) + 1e-30
         corr = np.fft.irfft2(cross * self.lowpass, s=self.shape)
         h, w = self.shape
         py, px = np.unravel_index(int(np.argmax(corr)), corr.shape)

@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 
 from avatar_render.io.reference import fit_to_frame, load_reference
-from avatar_render.preview.face import Box, FaceDetector, FaceLayout, fallback_layout, layout_from_box
+from avatar_render.preview.face import Box, FaceDetector, FaceLayout, fallback_layout, find_face
 
 MIN_PATCH = 8  # smallest side of a crop, in pixels
 
@@ -28,7 +28,7 @@ def fitted_reference(path: str | Path, width: int, height: int, *, face_box: lis
     ``face_box`` is [x, y, w, h] in reference pixels (the renderer's ``preview.face_box``); None = detect.
     """
     image = load_reference(path)
-    layout = layout_from_box(Box(*map(float, face_box))) if face_box else FaceDetector().detect(image)
+    layout = find_face(image, FaceDetector(), face_box)
     focus = None if layout is None else (layout.face.x, layout.face.y, layout.face.w, layout.face.h)
     fitted, fit = fit_to_frame(image, width, height, focus=focus)
     found = layout is not None and (layout.detected or bool(face_box))
@@ -38,12 +38,9 @@ def fitted_reference(path: str | Path, width: int, height: int, *, face_box: lis
 
 def frame_reference(frame: np.ndarray, *, face_box: list[float] | None = None) -> Reference:
     """The first frame of the video as the reference; ``face_box`` is [x, y, w, h] in its pixels."""
-    if face_box:
-        layout, found = layout_from_box(Box(*map(float, face_box))), True
-    else:
-        detected = FaceDetector().detect(frame)
-        found = detected is not None
-        layout = detected if detected is not None else fallback_layout(frame.shape[1], frame.shape[0])
+    detected = find_face(frame, FaceDetector(), face_box)
+    found = detected is not None
+    layout = detected if detected is not None else fallback_layout(frame.shape[1], frame.shape[0])
     return Reference(image=frame.copy(), layout=layout, source="first frame", face_found=found)
 
 

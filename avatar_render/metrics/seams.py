@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
@@ -96,7 +97,7 @@ class FrameChange:
         self._prev: np.ndarray | None = None
 
     def update(self, gray: np.ndarray) -> None:
-        self.values.append(np.nan if self._prev is None else float(np.abs(gray - self._prev).mean()))
+        self.values.append(np.nan if self._prev is None else cv2.norm(gray, self._prev, cv2.NORM_L1) / gray.size)
         self._prev = gray
 
 

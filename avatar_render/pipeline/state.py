@@ -149,10 +149,12 @@ def _encode_torch(t: Any, arrays: dict[str, np.ndarray]) -> dict:
 
     key = f"t{len(arrays)}"
     cpu = t.detach().to("cpu").contiguous()
+    owned = cpu.data_ptr() != t.data_ptr()  # a device tensor's host copy is new already: no second copy
     if cpu.dtype == torch.bfloat16:  # numpy has no bfloat16: keep the bits
-        arrays[key] = cpu.view(torch.int16).numpy().view(np.uint16).copy()
+        a = cpu.view(torch.int16).numpy().view(np.uint16)
     else:
-        arrays[key] = cpu.numpy().copy()
+        a = cpu.numpy()
+    arrays[key] = a if owned else a.copy()
     return {"torch": key, "dtype": str(cpu.dtype).removeprefix("torch."), "device": str(t.device),
             "requires_grad": bool(t.requires_grad)}
 
