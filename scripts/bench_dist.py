@@ -1,8 +1,8 @@
 """Stage switches of one render: per-stage times and the visible overhead of each switch.
 
-The switch from stage A to stage B is timed from the last module forward of A to the first module
-forward of B (every nn.Module call is watched), with the modules placed as a render places them
-(``dist.offload`` decides; a render moves nothing between stages). Run it in one process or under
+The switch from stage A to stage B is timed from the end of A's last GPU work (its outputs copied
+back included) to B's first module forward (every nn.Module call is watched), with the modules placed
+as a render places them (``dist.offload`` decides; a render moves nothing between stages). Run it in one process or under
 torchrun (process 0 prints):
 
     python scripts/bench_dist.py -c configs/tiny.yaml
@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from avatar_render.api import build_pipeline  # noqa: E402
 from avatar_render.config import load_config  # noqa: E402
 from avatar_render.dist.launch import session  # noqa: E402
+from avatar_render.infinitetalk.components import resolve_device  # noqa: E402
 from avatar_render.io.audio import AudioReader  # noqa: E402
 from avatar_render.io.reference import load_reference  # noqa: E402
 from avatar_render.pipeline.types import RequestInput  # noqa: E402
@@ -36,18 +37,18 @@ from avatar_render.telemetry import peak_rss_mb  # noqa: E402
 
 
 class Timeline:
-    """First and last module forward of each stage call, and the time spent switching.
+    """The end of each stage call and its first module forward, and the time spent switching.
 
     On a GPU the marks are CUDA events recorded on the compute stream (no synchronisation per
-    module, which would slow the stages down): the switch is the GPU's idle gap between the last
-    kernel of one stage and the first of the next. On a CPU they are wall-clock readings.
+    module, which would slow the stages down): the switch is the GPU's time between the last work
+    of one stage and the first model call of the next. On a CPU they are wall-clock readings.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.stage: str | None = None
-        self.first = self.last = None
-        self.prev: tuple[str, object] | None = None  # (stage, last op's mark)
+        self.first = None
+        self.prev: tuple[str, object] | None = None  # (stage, mark at its end)
         self.stage_s: dict[str, list[float]] = defaultdict(list)
         self.visible_s: dict[str, list[float]] = defaultdict(list)
 
@@ -69,21 +70,18 @@ class Timeline:
         if self.stage is not None and self.first is None:
             self.first = self.mark()
 
-    def op_end(self, module, args, output) -> None:
-        if self.stage is not None:
-            self.last = self.mark()
-
     def run(self, stage, x, static, carry):
-        self.stage, self.first, self.last = stage.name, None, None
+        self.stage, self.first = stage.name, None
         start = time.perf_counter()
         out = stage.run(x, static=static, carry=carry)
+        end = self.mark()
         self.sync()
         self.stage_s[stage.name].append(time.perf_counter() - start)
         if self.first is not None:
             if self.prev is not None:
                 key = f"{self.prev[0]} -> {stage.name}"
                 self.visible_s[key].append(self.between(self.prev[1], self.first))
-            self.prev = (stage.name, self.last)
+            self.prev = (stage.name, end)
         self.stage = None
         return out
 
@@ -120,15 +118,19 @@ def main() -> None:
     cfg = load_config(a.config, tuple(a.overrides))
     with session(sp=cfg.dist.sp) as mesh:
         pipeline = build_pipeline(cfg)
-        tl = Timeline(mesh.device)
+        # One process computes on model.device (a GPU when there is one); under torchrun on its mesh device.
+        device = mesh.device if mesh.distributed or cfg.backend != "infinitetalk" else resolve_device(cfg.model.device)
+        tl = Timeline(device)
         reference = load_reference(a.ref)
         with AudioReader(a.audio, fps=cfg.fps, model_rate=pipeline.audio_rate) as audio:
             static = pipeline.prepare(RequestInput(reference=reference, reference_path=a.ref,
                                                    width=cfg.video.width, height=cfg.video.height, seed=cfg.seed))
             timed = dataclasses.replace(pipeline, generate=tuple(Timed(s, tl) for s in pipeline.generate),
                                         decode=Timed(pipeline.decode, tl))
-            hooks = (torch.nn.modules.module.register_module_forward_pre_hook(tl.op_start),
-                     torch.nn.modules.module.register_module_forward_hook(tl.op_end))
+            cuda = device.type == "cuda"
+            if cuda:  # the chunk loop's own peak (the init stage's encoders are gone by now)
+                torch.cuda.reset_peak_memory_stats(device)
+            hook = torch.nn.modules.module.register_module_forward_pre_hook(tl.op_start)
             limit = round(a.seconds * float(cfg.fps))
             t0 = time.perf_counter()
             frames, first = 0, None
@@ -138,22 +140,20 @@ def main() -> None:
                 if frames >= limit:
                     break
             wall = time.perf_counter() - t0
-            for h in hooks:
-                h.remove()
-        cuda = mesh.device.type == "cuda"
-        peak = torch.cuda.max_memory_allocated(mesh.device) / 2**30 if cuda else peak_rss_mb() / 1024
+            hook.remove()
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else peak_rss_mb() / 1024
         peaks = [peak]
         if mesh.distributed:
             peaks = [None] * mesh.world
             torch.distributed.all_gather_object(peaks, peak)
         if not mesh.is_writer:
             return
-        kind = torch.cuda.get_device_name(mesh.device) if mesh.device.type == "cuda" else "CPU"
+        kind = torch.cuda.get_device_name(device) if cuda else "CPU"
         print(f"devices: {mesh.world} x {kind} ({mesh.backend if mesh.distributed else 'single process'}, sp={mesh.sp}); "
               f"model: {cfg.model.size}; {frames} frames in {wall:.2f} s, first frame after {first or 0.0:.2f} s")
-        what = "GPU memory allocated" if cuda else "resident memory"
+        what = "GPU memory allocated in the chunk loop" if cuda else "resident memory"
         print(f"peak {what} per process (GiB): " + ", ".join(f"{p:.2f}" for p in peaks))
-        if mesh.device.type != "cuda" or cfg.model.size == "tiny":
+        if not cuda or cfg.model.size == "tiny":
             print("NOTE: CPU and/or tiny model: these timings show the mechanics and are NOT representative of GPU speed.")
         print(f"\n{'stage':<22}{'calls':>6} {'mean ms':>9} {'max ms':>9}")
         for name, v in tl.stage_s.items():

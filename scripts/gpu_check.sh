@@ -8,8 +8,8 @@
 # 1. render: the CLI end to end (flashtalk recipe, 640x640) on a few seconds of the example audio: time
 #    to first frame, generated fps, per-stage seconds, peak GPU memory; the MP4 is decoded back.
 # 2. switches: per-stage times, time to first frame, peak GPU memory per process and the visible
-#    overhead of each stage switch (scripts/bench_dist.py), DiT resident and DiT offloaded; with several
-#    GPUs under torchrun over all of them, and the 40-step recipe at 480p and 720p as well.
+#    overhead of each stage switch (scripts/bench_dist.py), DiT resident and DiT offloaded, and the
+#    40-step recipe at 480p and 720p; with several GPUs under torchrun over all of them.
 # 3. speed: DiT pass / step / chunk, VAE decode, achieved TFLOP/s, peak memory at 480p and 720p, for
 #    the InfiniteTalk (40 steps, 3 passes) and FlashTalk (4 steps, 1 pass) recipes; DiT resident and
 #    streamed block by block from pinned host memory (scripts/gpu_check.py).
@@ -65,12 +65,12 @@ fi
 part switches "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" "${dist[@]}"
 part switches_offloaded "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" \
   dist.offload.dit=offloaded "${dist[@]}"
-if [ "${gpus:-0}" -gt 1 ]; then  # the 40-step recipe at 480p and 720p, two steps a chunk (per-step time printed)
-  part node_480p "${NODE_LIMIT:-240}" "${launch[@]}" scripts/bench_dist.py -c configs/infinitetalk-480p.yaml --seconds 6 "$box" \
-    model.steps=2 "${dist[@]}"
-  part node_720p "${NODE_LIMIT:-240}" "${launch[@]}" scripts/bench_dist.py -c configs/infinitetalk-720p.yaml --seconds 6 "$box" \
-    model.steps=2 "${dist[@]}"
-fi
+# The 40-step recipe at 480p and 720p, two chunks of NODE_STEPS steps each (the per-step time is printed;
+# a 40-step chunk takes about 40 of them).
+for size in 480p 720p; do
+  part "node_$size" "${NODE_LIMIT:-240}" "${launch[@]}" scripts/bench_dist.py -c "configs/infinitetalk-$size.yaml" --seconds 3 "$box" \
+    "model.steps=${NODE_STEPS:-1}" "${dist[@]}"
+done
 
 # The speed figures (docs/benchmarks.md has them for one H200), then, least sure to fit, compiled blocks.
 [ -n "${SKIP_SPEED:-}" ] || part speed "${SPEED_LIMIT:-220}" "$py" scripts/gpu_check.py --out "$out/speed.json"

@@ -142,25 +142,38 @@ def test_wiring_with_wrong_types_is_refused_at_build():
 
 
 def test_prepare_loads_each_module_then_puts_it_on_its_device():
+    """Init's modules first; the chunk loop's after init ran (encoders and DiT never resident together)."""
     calls = []
 
     class Weights(Module):
-        name = "weights"
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
 
         def weight_files(self):
             return []
 
         def _load(self):
-            calls.append("load")
+            calls.append(f"load {self.name}")
 
         def prefetch(self):
-            calls.append("prefetch")
+            calls.append(f"prefetch {self.name}")
+
+    text, dit, shared = Weights("text"), Weights("dit"), Weights("vae")
 
     class InitWithWeights(Init):
         def modules(self):
-            return (Weights(),)
+            return (text, shared)
 
-    pipe = Pipeline(init=InitWithWeights(), generate=(Gen(),), decode=Decode(), sizes=ChunkSizes(10, 2, 4),
+        def run(self, x, *, static, carry):
+            calls.append("init")
+            return super().run(x, static=static, carry=carry)
+
+    class GenWithWeights(Gen):
+        def modules(self):
+            return (dit, shared)
+
+    pipe = Pipeline(init=InitWithWeights(), generate=(GenWithWeights(),), decode=Decode(), sizes=ChunkSizes(10, 2, 4),
                     fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04)
     assert pipe.prepare(None) == Static(7)
-    assert calls == ["load", "prefetch"]
+    assert calls == ["load text", "prefetch text", "load vae", "prefetch vae", "init", "load dit", "prefetch dit"]

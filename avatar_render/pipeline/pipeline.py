@@ -64,12 +64,24 @@ class Pipeline:
         return tuple(m for s in stages for m in s.modules())
 
     def prepare(self, request: RequestInput) -> Any:
-        """Load the modules, put each where it runs, and compute the static conditioning of one request."""
-        for module in self.modules():
-            module.load()
-            module.prefetch()  # weights read into host memory go to their device (no-op for host-only modules)
+        """Load the modules, put each where it runs, and compute the static conditioning of one request.
+
+        The init stage's modules come first and the others only after it ran: the encoders it frees
+        (run once per request) and the chunk loop's modules (the DiT) are never on the device together.
+        """
+        first = self.init.modules()
+        for module in first:
+            self._place(module)
         static, _ = self.init.run(request, static=None, carry=None)
+        for module in self.modules():
+            if not any(module is m for m in first):
+                self._place(module)
         return static
+
+    @staticmethod
+    def _place(module: Module) -> None:
+        module.load()
+        module.prefetch()  # weights read into host memory go to their device (no-op for host-only modules)
 
     def stream(
         self, static: Any, audio: AudioSource, *, seed: int,
