@@ -12,21 +12,23 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial as bind
 from pathlib import Path
 from typing import Callable, Literal, Optional
 
+import numpy as np
 from omegaconf import OmegaConf
 
 from avatar_render.config import Config
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import load_reference
-from avatar_render.io.writer import Mp4Writer, WriterResume, WriterSpec, remux_faststart
+from avatar_render.io.writer import Mp4Writer, WriterPosition, WriterResume, WriterSpec, remux_faststart
 from avatar_render.journal import ChunkRecord, Commit, Journal, identity, journal_path, snapshot
 from avatar_render.pipeline.pipeline import Pipeline
-from avatar_render.pipeline.state import CannotResume, Checkpoint
+from avatar_render.pipeline.state import CannotResume, Checkpoint, Flat
 from avatar_render.pipeline.types import RequestInput, StaticConditioning
 from avatar_render.preview.engine import build_preview
 from avatar_render.resume import move_into_place, prior_commit, replay_audio
@@ -35,6 +37,7 @@ from avatar_render.stop import RenderStopped, StopNow
 from avatar_render.telemetry import Telemetry, peak_gpu_mb, peak_rss_mb, write_report
 
 OnMessage = Callable[[Literal["info", "warning"], str], None]
+_HASHING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chunk-hash")  # the journal's frame hashes
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,12 @@ def build_pipeline(cfg: Config) -> Pipeline:
     raise AvatarRenderError(f"Backend '{cfg.backend}' is not available.")
 
 
+def request_input(cfg: Config, reference: np.ndarray, reference_path: Path) -> RequestInput:
+    """What the init stage needs of one request: the reference image, the frame size and the seed."""
+    return RequestInput(reference=reference, reference_path=Path(reference_path),
+                        width=cfg.video.width, height=cfg.video.height, seed=cfg.seed)
+
+
 def partial_path(output: Path) -> Path:
     """Where a render in progress is written before it is moved into place."""
     return output.with_name(output.stem + ".partial" + output.suffix)
@@ -140,15 +149,14 @@ def render(
         telemetry = Telemetry(keep_records=request.report is not None)
         try:
             pipeline = build_pipeline(cfg)
+            for note in pipeline.notes if on_message is not None else ():
+                on_message("warning", note)
             with telemetry.stage("inputs"):
                 reference = load_reference(request.reference)
                 audio = AudioReader(request.audio, fps=cfg.fps, model_rate=pipeline.audio_rate)
             with audio:
                 with telemetry.stage("init"):
-                    static = pipeline.prepare(RequestInput(
-                        reference=reference, reference_path=Path(request.reference),
-                        width=cfg.video.width, height=cfg.video.height, seed=cfg.seed,
-                    ))
+                    static = pipeline.prepare(request_input(cfg, reference, request.reference))
                 del reference
                 _check_face(static, request, on_message)
                 with telemetry.stage("inputs"):
@@ -218,17 +226,18 @@ class _Run:
             self._forget_if_empty()
             raise
         estimate = None if audio.info.estimated_seconds is None else math.ceil(audio.info.estimated_seconds * fps)
-        records: list[ChunkRecord] = []
+        # Chunks published since the last checkpoint: their records (being hashed) and telemetry stamps.
+        hashed: list[tuple[Future[ChunkRecord], dict]] = []
         first_frame_s: float | None = None
         try:
             for item in self.pipeline.stream(self.static, audio, seed=cfg.seed, clock=telemetry.stage,
                                              resume=checkpoint, checkpoints=True):
                 if isinstance(item, Checkpoint):
                     with telemetry.stage("journal"):
-                        commit = bind(self.journal.commit, snapshot(item), records, plans_done=item.plans_done,
+                        commit = bind(self._commit, snapshot(item), hashed, plans_done=item.plans_done,
                                       frames=frames, audio_samples=samples)
                         writer.mark(commit)
-                    records = []
+                    hashed = []
                     if self.should_stop() and not item.last_plan.last:  # (after the last plan, finishing is cheaper)
                         writer.close(faststart=False)
                         self._stopped(at_once=False)
@@ -236,16 +245,16 @@ class _Run:
                 with telemetry.stage("write"):
                     writer.put(item.frames, item.audio)
                 with telemetry.stage("journal"):
-                    record = ChunkRecord.of(item)
-                records.append(record)
+                    record = _HASHING.submit(ChunkRecord.of, item)  # beside the chunk loop and the writer
                 if first_frame_s is None:
                     first_frame_s = telemetry.elapsed() - t_ready
                 frames, samples, chunks = item.end, samples + item.audio.shape[1], chunks + 1
-                telemetry.chunk_done(**dataclasses.asdict(record))
+                hashed.append((record, telemetry.chunk_stamp()))
                 if self.on_progress is not None:
                     total = audio.total_frames or (max(estimate, frames) if estimate else None)
                     self.on_progress(Progress(chunks_done=chunks, frames_done=frames, frames_total=total,
                                               elapsed_s=telemetry.elapsed() - t_ready, fps=float(fps), frames_resumed=resumed))
+            assert not hashed, "a checkpoint follows every plan entry's chunks"
             with telemetry.stage("write"):
                 stats = writer.close(faststart=False)
                 complete = self.journal.dir / "complete.mp4"
@@ -272,6 +281,13 @@ class _Run:
         self.partial.unlink(missing_ok=True)
         self.journal.discard()
         return self._report(stats, frames, samples, chunks, resumed, t_ready, first_frame_s)
+
+    def _commit(self, flat: Flat, hashed: list[tuple[Future[ChunkRecord], dict]], position: WriterPosition, **counts: int) -> None:
+        """On the writer thread, once the checkpoint's frames are on disk: record its chunks and commit it."""
+        records = [future.result() for future, _ in hashed]
+        for record, (_, stamp) in zip(records, hashed):
+            self.telemetry.chunk_done(stamp=stamp, **dataclasses.asdict(record))
+        self.journal.commit(flat, records, position, **counts)
 
     def _open_writer(self, checkpoint: Checkpoint | None, prior: Commit | None) -> Mp4Writer:
         cfg, info = self.request.config, self.audio.info

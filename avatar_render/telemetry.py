@@ -71,13 +71,21 @@ class Telemetry:
             self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + dt
             self._chunk_stage[name] = self._chunk_stage.get(name, 0.0) + dt
 
-    def chunk_done(self, **fields: Any) -> None:
-        if self._spool is not None:
-            record = {**fields, "t_s": round(self.elapsed(), 4), "rss_mb": round(current_rss_mb(), 1),
-                      **({} if (gpu := peak_gpu_mb()) is None else {"peak_gpu_mb": round(gpu, 1)}),
-                      "stage_s": {k: round(v, 5) for k, v in self._chunk_stage.items()}}
-            self._spool.write(json.dumps(record) + "\n")
+    def chunk_stamp(self) -> dict:
+        """A chunk is done: when, the memory then and its stage times (the record's own fields)."""
+        stamp = {} if self._spool is None else {
+            "t_s": round(self.elapsed(), 4), "rss_mb": round(current_rss_mb(), 1),
+            **({} if (gpu := peak_gpu_mb()) is None else {"peak_gpu_mb": round(gpu, 1)}),
+            "stage_s": {k: round(v, 5) for k, v in self._chunk_stage.items()}}
         self._chunk_stage = {}
+        return stamp
+
+    def chunk_done(self, stamp: dict | None = None, **fields: Any) -> None:
+        """Record a chunk with ``fields``, stamped now or, given ``stamp``, when that was taken (the
+        record may then be written from another thread, one at a time)."""
+        stamp = self.chunk_stamp() if stamp is None else stamp
+        if self._spool is not None:
+            self._spool.write(json.dumps({**fields, **stamp}) + "\n")
 
     def records(self) -> Iterator[dict]:
         if self._spool is None:

@@ -26,13 +26,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from avatar_render.api import build_pipeline  # noqa: E402
+from avatar_render.api import build_pipeline, request_input  # noqa: E402
 from avatar_render.config import load_config  # noqa: E402
 from avatar_render.dist.launch import session  # noqa: E402
 from avatar_render.infinitetalk.components import resolve_device  # noqa: E402
 from avatar_render.io.audio import AudioReader  # noqa: E402
 from avatar_render.io.reference import load_reference  # noqa: E402
-from avatar_render.pipeline.types import RequestInput  # noqa: E402
 from avatar_render.telemetry import peak_rss_mb  # noqa: E402
 
 
@@ -116,15 +115,14 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     cfg = load_config(a.config, tuple(a.overrides))
-    with session(sp=cfg.dist.sp) as mesh:
+    with session(sp=cfg.dist.sp, device=cfg.model.device) as mesh:
         pipeline = build_pipeline(cfg)
         # One process computes on model.device (a GPU when there is one); under torchrun on its mesh device.
         device = mesh.device if mesh.distributed or cfg.backend != "infinitetalk" else resolve_device(cfg.model.device)
         tl = Timeline(device)
         reference = load_reference(a.ref)
         with AudioReader(a.audio, fps=cfg.fps, model_rate=pipeline.audio_rate) as audio:
-            static = pipeline.prepare(RequestInput(reference=reference, reference_path=a.ref,
-                                                   width=cfg.video.width, height=cfg.video.height, seed=cfg.seed))
+            static = pipeline.prepare(request_input(cfg, reference, a.ref))
             timed = dataclasses.replace(pipeline, generate=tuple(Timed(s, tl) for s in pipeline.generate),
                                         decode=Timed(pipeline.decode, tl))
             cuda = device.type == "cuda"
@@ -145,7 +143,7 @@ def main() -> None:
         peaks = [peak]
         if mesh.distributed:
             peaks = [None] * mesh.world
-            torch.distributed.all_gather_object(peaks, peak)
+            torch.distributed.all_gather_object(peaks, peak, group=mesh.control)
         if not mesh.is_writer:
             return
         kind = torch.cuda.get_device_name(device) if cuda else "CPU"

@@ -1,8 +1,10 @@
 """Which replica runs which guidance pass, and where its flow lands in the gathered stack."""
 
 import pytest
+import torch
 
-from avatar_render.dist.cfg_parallel import my_passes, slot
+from avatar_render.dist.cfg_parallel import my_passes, slot, spare_replicas
+from avatar_render.dist.mesh import Mesh
 
 
 @pytest.mark.parametrize("passes", [1, 2, 3])
@@ -19,3 +21,13 @@ def test_every_pass_runs_once_and_every_replica_runs_as_many(passes, replicas):
 
 def test_three_passes_on_two_replicas():
     assert my_passes(3, 2, 0) == [0, 2] and my_passes(3, 2, 1) == [1, 0]
+
+
+def test_spare_replicas_are_pointed_out_with_a_better_sequence_split():
+    mesh = lambda world, sp: Mesh(rank=0, world=world, device=torch.device("cpu"), backend="gloo", sp=sp)  # noqa: E731
+    assert spare_replicas(mesh(8, 8), 3, heads=40) is None  # one replica
+    assert spare_replicas(mesh(2, 1), 3, heads=40) is None  # 2 replicas for 3 passes
+    note = spare_replicas(mesh(8, 1), 3, heads=40)
+    assert note.startswith("8 replicas") and "5 of them only repeat work" in note and "dist.sp=4 " in note
+    assert "dist.sp=8 " in spare_replicas(mesh(8, 2), 1, heads=40)
+    assert "dist.sp=" not in spare_replicas(mesh(8, 1), 1, heads=3)  # no split divides 3 heads and 8 processes

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from avatar_render.config import load_config
 from avatar_render.dist.launch import TEST_FAIL_ENV, session
-from avatar_render.dist.mesh import Launch
+from avatar_render.dist.mesh import Launch, pick_device
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.components import architectures
 from tests.media import speech_like, write_audio
@@ -195,6 +195,21 @@ def test_launch_environment_is_checked():
         Launch.from_env({"WORLD_SIZE": "4", "RANK": "4"})
     with pytest.raises(AvatarRenderError, match="integers"):
         Launch.from_env({"WORLD_SIZE": "two"})
+
+
+def test_the_models_device_setting_chooses_the_backend(monkeypatch):
+    """model.device=cpu keeps a launch on gloo even where GPUs are visible (NCCL cannot carry CPU
+    tensors); model.device=cuda without a GPU is refused."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    launch = Launch(rank=3, world=8, local_rank=3)
+    assert pick_device(launch, "cpu") == (torch.device("cpu"), "gloo")
+    assert pick_device(launch, "auto") == (torch.device("cuda", 3), "nccl")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device(launch, "auto") == (torch.device("cpu"), "gloo")
+    with pytest.raises(AvatarRenderError, match="no CUDA device"):
+        pick_device(launch, "cuda")
 
 
 def test_dist_config_keys_are_validated():

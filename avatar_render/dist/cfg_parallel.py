@@ -10,6 +10,7 @@ process every pass's flow. The flows are the ones a single process computes, pas
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Optional
 
 import torch
 
@@ -26,6 +27,19 @@ def my_passes(num_passes: int, replicas: int, index: int) -> list[int]:
 def slot(j: int, replicas: int, num_passes: int) -> int:
     """Where pass ``j`` sits in the all-gathered stack (replica-major, ``rounds`` per replica)."""
     return (j % replicas) * -(-num_passes // replicas) + j // replicas
+
+
+def spare_replicas(mesh: Mesh, num_passes: int, heads: int) -> Optional[str]:
+    """A warning when the replicas outnumber a step's guidance passes (the spare ones only repeat
+    pass 0), with the ``dist.sp`` that would put those processes to work on every pass instead."""
+    replicas = mesh.world // mesh.sp
+    if replicas <= num_passes:
+        return None
+    better = [sp for sp in range(mesh.sp + 1, mesh.world + 1)
+              if mesh.world % sp == 0 and heads % sp == 0 and mesh.world // sp <= num_passes]
+    hint = f"; dist.sp={better[0]} would split each pass over {better[0]} processes instead" if better else ""
+    return (f"{replicas} replicas (processes / dist.sp) share {num_passes} guidance pass(es) a step, so "
+            f"{replicas - num_passes} of them only repeat work{hint}.")
 
 
 def split_passes(mesh: Mesh) -> Evaluate:

@@ -9,6 +9,7 @@ sees the key (or fails later) exits at once with status 1 and prints nothing.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import hashlib
 import json
@@ -126,10 +127,21 @@ def _flush() -> None:
             pass
 
 
+# The longest a process waits in a collective for the others: process 0 alone reads the journal
+# before the chunk loop and finishes the file after it, while the others wait.
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+CONTROL_TIMEOUT = timedelta(hours=2)
+
+
 @contextmanager
-def session(*, sp: int = 1, on_abort: Optional[Callable[[], None]] = None) -> Iterator[Mesh]:
+def session(*, sp: int = 1, device: str = "auto", on_abort: Optional[Callable[[], None]] = None) -> Iterator[Mesh]:
     """Join the process group of this launch and yield its mesh (a no-op in a single process).
-    ``on_abort`` runs (best effort) when another process's failure ends this one."""
+    ``device`` is the models' device setting (``model.device``). ``on_abort`` runs (best effort) when
+    another process's failure ends this one.
+
+    Besides the default group (NCCL on GPUs), the mesh has a gloo group of all processes, ``control``,
+    for what the host decides and shares (seed and config, resume point, report): waiting there while
+    process 0 finishes the file occupies no GPU and no NCCL watchdog."""
     launch = Launch.from_env()
     if launch.world == 1:
         yield single()
@@ -140,16 +152,18 @@ def session(*, sp: int = 1, on_abort: Optional[Callable[[], None]] = None) -> It
     store = _store(launch, master=master)
     watch = AbortWatch(launch, on_abort)
     try:
-        device, backend = pick_device(launch)
-        pinned = pin_near(gpu_bus_id(device.index)) if device.type == "cuda" else Affinity(None, why="no GPUs (gloo on the CPU)")
-        dist.init_process_group(backend, store=dist.PrefixStore("avatar_render/pg", store),
-                                rank=launch.rank, world_size=launch.world, device_id=device if backend == "nccl" else None)
+        where, backend = pick_device(launch, device)
+        pinned = pin_near(gpu_bus_id(where.index)) if where.type == "cuda" else Affinity(None, why="no GPUs (gloo on the CPU)")
+        dist.init_process_group(backend, store=dist.PrefixStore("avatar_render/pg", store), timeout=COLLECTIVE_TIMEOUT,
+                                rank=launch.rank, world_size=launch.world, device_id=where if backend == "nccl" else None)
+        control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
         everyone: list = [None] * launch.world
-        dist.all_gather_object(everyone, pinned)
-        mesh = build_mesh(launch, sp=sp, device=device, backend=backend, affinity=describe(everyone))
+        dist.all_gather_object(everyone, pinned, group=control)
+        mesh = build_mesh(launch, sp=sp, device=where, backend=backend, affinity=describe(everyone))
+        mesh = dataclasses.replace(mesh, control=control)
         set_current(mesh)
         yield mesh
-        dist.barrier()
+        dist.barrier(group=control)
     except BaseException as exc:
         if not watch.claim():  # another process failed first and says so
             watch.stop()
@@ -178,7 +192,7 @@ def agree(mesh: Mesh, what: str, value: object) -> None:
 
     mine = fingerprint(value)
     seen: list = [None] * mesh.world
-    dist.all_gather_object(seen, mine)
+    dist.all_gather_object(seen, mine, group=mesh.control)
     if len(set(seen)) > 1:
         odd = [r for r, h in enumerate(seen) if h != seen[0]]
         raise AvatarRenderError(f"The processes disagree on the {what} (process {odd[0]} differs from process 0); start them all with the same command.")
@@ -191,7 +205,7 @@ def broadcast(mesh: Mesh, value: object) -> object:
     import torch.distributed as dist
 
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=mesh.control)
     return box[0]
 
 
@@ -223,7 +237,7 @@ def distributed(render: Callable) -> Callable:
 
         cfg = request.config
         writer = Launch.from_env().rank == 0
-        with session(sp=cfg.dist.sp, on_abort=bind(forget_empty_render, Path(request.output)) if writer else None) as mesh:
+        with session(sp=cfg.dist.sp, device=cfg.model.device, on_abort=bind(forget_empty_render, Path(request.output)) if writer else None) as mesh:
             agree(mesh, "seed and config", {"seed": cfg.seed, "config": repr(cfg)})
             if mesh.is_writer and kw.get("on_message") is not None:
                 kw["on_message"]("info", mesh.affinity)

@@ -62,6 +62,7 @@ class Mesh:
     affinity: str = ""  # one log line: where each process's CPU affinity was set (dist.numa)
     _fsdp: object = None  # torch DeviceMesh, 1D ("fsdp",)
     _grid: object = None  # torch DeviceMesh, 2D ("rep", "sp")
+    control: object = None  # a gloo group of all processes, for the host-side agreements (see launch)
 
     @property
     def distributed(self) -> bool:
@@ -111,11 +112,14 @@ def set_current(mesh: Optional[Mesh]) -> None:
     _current = mesh
 
 
-def pick_device(launch: Launch) -> tuple["torch.device", str]:
-    """NCCL on this process's GPU when GPUs are visible, else gloo on the CPU."""
+def pick_device(launch: Launch, want: str = "auto") -> tuple["torch.device", str]:
+    """NCCL on this process's GPU, or gloo on the CPU: ``want`` is the models' device setting
+    (``auto``: a GPU when one is visible; ``cpu`` keeps the CPU even then; ``cuda``: a GPU or an error)."""
     import torch
 
-    if torch.cuda.is_available():
+    if want.startswith("cuda") and not torch.cuda.is_available():
+        raise AvatarRenderError(f"model.device={want} was asked for, but no CUDA device is visible; use model.device=cpu.")
+    if want != "cpu" and torch.cuda.is_available():
         if launch.local_rank >= torch.cuda.device_count():
             raise AvatarRenderError(
                 f"Process {launch.rank} wants GPU {launch.local_rank}, but only {torch.cuda.device_count()} are visible; "

@@ -75,10 +75,15 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
         model = self.dit.model
         dtype = next(model.parameters()).dtype
         device = self.dit.compute_device
+        # Everything a pass reads goes to the device once a chunk (a copy per pass would stall the host).
         cond = static.cond[:, :, :n].to(device, dtype)
         audio = x.features.to(device, dtype)
         zero_audio = torch.zeros_like(audio)
-        texts = {"cond": static.text, "no_text": static.text_null, "uncond": static.text_null, "no_audio": static.text}
+        text, text_null = static.text.to(device, dtype), static.text_null.to(device, dtype)
+        texts = {"cond": text, "no_text": text_null, "uncond": text_null, "no_audio": text}
+        clip_fea = static.clip_fea.to(device, dtype)
+        front = front.to(device, torch.float32)
+        back = None if back is None else back.to(device, torch.float32)
 
         def pin(z: torch.Tensor) -> torch.Tensor:
             z = z.clone()
@@ -91,7 +96,7 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
             inp = torch.cat([z.to(device, dtype)[None], cond], dim=1)  # [1, 36, n, h, w]
             a = zero_audio if name in ("uncond", "no_audio") else audio
             with torch.no_grad():
-                v = model(inp, t.to(device), texts[name].to(device, dtype), static.clip_fea.to(device, dtype), a)
+                v = model(inp, t.to(device), texts[name], clip_fea, a)
             return v[0].float()
 
         latents = sample(self.sampler, noise=noise.float().to(device), predict=predict, pin=pin, evaluate=self.evaluate).cpu()

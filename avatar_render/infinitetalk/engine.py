@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from avatar_render.config import Config
 from avatar_render.dist.mesh import current as current_mesh
-from avatar_render.dist.cfg_parallel import split_passes
+from avatar_render.dist.cfg_parallel import spare_replicas, split_passes
 from avatar_render.dist.parallelize import dit_plan, text_plan
 from avatar_render.dist.split_decode import RowSplit
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.a2v import A2VStage
-from avatar_render.infinitetalk.components import make_components
+from avatar_render.infinitetalk.components import architectures, make_components
 from avatar_render.infinitetalk.grid import TIME_STRIDE, frames_in
 from avatar_render.infinitetalk.stages import AUDIO_MARGIN_S, AudioContext, LatentDecode, ModelInit
-from avatar_render.models.sampler import SamplerConfig, serial
+from avatar_render.models.sampler import SamplerConfig, passes, serial
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 
 SPATIAL_STRIDE = 16  # VAE 8x8 times the DiT's 2x2 patches
@@ -44,6 +44,8 @@ def build_infinitetalk(cfg: Config) -> Pipeline:
     new_latents = c.chunk_frames // TIME_STRIDE + 1  # N0 holds the reference latent too
     max_latents = max(context_latents + new_latents, c.transition_frames // TIME_STRIDE + 2)
     fps = cfg.fps
+    sampler = SamplerConfig(steps=m.steps, shift=m.shift, text_scale=m.text_scale, audio_scale=m.audio_scale)
+    spare = spare_replicas(mesh, len(passes(sampler)), architectures(m.size).dit.num_heads) if mesh.distributed and cfg.dist.cfg_parallel else None
     return Pipeline(
         init=ModelInit(vae=comps.vae, text=comps.text, image=comps.image, prompt=m.prompt,
                        negative_prompt=m.negative_prompt, max_latents=max_latents, face_box=cfg.preview.face_box),
@@ -51,8 +53,7 @@ def build_infinitetalk(cfg: Config) -> Pipeline:
             AudioContext(audio=comps.audio, context_latents=context_latents,
                          latent_hw=(cfg.video.height // 8, cfg.video.width // 8)),
             A2VStage(dit=comps.dit, vae=comps.vae, context_frames=c.context_frames, context_mode=m.context_mode,
-                     evaluate=split_passes(mesh) if cfg.dist.cfg_parallel else serial,
-                     sampler=SamplerConfig(steps=m.steps, shift=m.shift, text_scale=m.text_scale, audio_scale=m.audio_scale)),
+                     evaluate=split_passes(mesh) if cfg.dist.cfg_parallel else serial, sampler=sampler),
         ),
         decode=LatentDecode(vae=comps.vae, colour_guard=m.colour_guard,
                             split=RowSplit(mesh) if mesh.distributed and cfg.dist.split_decode else None),
@@ -60,4 +61,5 @@ def build_infinitetalk(cfg: Config) -> Pipeline:
         fps=fps,
         audio_rate=MODEL_AUDIO_RATE,
         audio_pad_s=(frames_in(context_latents) + 2 * TIME_STRIDE) / float(fps) + AUDIO_MARGIN_S,
+        notes=(spare,) if spare else (),
     )

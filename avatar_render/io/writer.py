@@ -191,13 +191,14 @@ class Mp4Writer:
         return self._frames_written
 
     def put(self, frames: np.ndarray, audio: np.ndarray) -> None:
-        """Queue frames (T, H, W, 3) uint8 RGB and their audio (C, n) float; blocks while the queue is full."""
+        """Queue frames (T, H, W, 3) uint8 RGB and their audio (C, n) float; blocks while the queue is full.
+        The frames are not copied (hundreds of MB a chunk at 720p): leave them unchanged once put."""
         spec = self.spec
         if frames.ndim != 4 or frames.shape[1:] != (spec.height, spec.width, 3) or frames.dtype != np.uint8:
             raise ValueError(f"frames must be uint8 (T, {spec.height}, {spec.width}, 3), got {frames.dtype} {frames.shape}")
         if audio.ndim != 2 or audio.shape[0] != spec.audio_channels:
             raise ValueError(f"audio must be ({spec.audio_channels}, n), got {audio.shape}")
-        chunk = _Chunk(np.array(frames, order="C"), np.array(audio, dtype=np.float32, order="C"))
+        chunk = _Chunk(np.ascontiguousarray(frames), np.array(audio, dtype=np.float32, order="C"))
         self._enqueue(chunk)
         self._frames_put += len(chunk.frames)
         self._samples_put += chunk.audio.shape[1]

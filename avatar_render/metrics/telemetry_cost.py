@@ -36,6 +36,9 @@ class _NullTelemetry(Telemetry):
     def stage(self, name: str):
         return nullcontext()
 
+    def chunk_stamp(self) -> dict:
+        return {}
+
     def chunk_done(self, **fields) -> None:
         pass
 

@@ -45,6 +45,7 @@ class Pipeline:
     fps: Fraction
     audio_rate: int  # sample rate of the model audio
     audio_pad_s: float  # audio the context stage needs on each side of a chunk
+    notes: tuple[str, ...] = ()  # what the user should know about how this pipeline was set up (warnings)
 
     def __post_init__(self) -> None:
         check_chain((self.init,), first_input=RequestInput, last_output=object)
