@@ -317,13 +317,14 @@ def test_a_failed_launch_resumes_under_torchrun(tmp_path):
     assert decoded(tmp_path / "two.mp4").shape == decoded(tmp_path / "one.mp4").shape
 
 
-@pytest.mark.parametrize("n,height", [(2, 256), (3, 16)])
-def test_split_decode_matches_the_single_process_frames(tmp_path, n, height):
+@pytest.mark.parametrize("n,height,guard", [(2, 256, 0.0), (3, 16, 0.0), (3, 64, 0.7)])
+def test_split_decode_matches_the_single_process_frames(tmp_path, n, height, guard):
     """Each process decodes a strip of rows: at 256 px (32 latent rows, 16 a process) the strips are
-    really cut; at 16 px (2 latent rows for 3 processes) one strip is empty. Within float32 rounding
-    of the decode: at most 2 levels of 255 in the MP4 (crf 0)."""
+    really cut; at 16 px (2 latent rows for 3 processes) one strip is empty; with the colour guard the
+    strips' statistics are added up across the processes. Within float32 rounding of the decode: at
+    most 2 levels of 255 in the MP4 (crf 0)."""
     audio = write_audio(tmp_path / "s.wav", speech_like(1.0, 16000), 16000)
-    size = (f"video.height={height}", "model.steps=1")
+    size = (f"video.height={height}", "model.steps=1", f"model.colour_guard={guard}")
     done = subprocess.run([sys.executable, *render_args(tmp_path, audio, "one", *size)], cwd=ROOT, env=env(),
                           capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr[-3000:]

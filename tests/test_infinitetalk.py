@@ -127,3 +127,34 @@ def test_encoders_that_run_once_are_freed_after_init_and_load_again(face_png):
     assert init.vae.placement is not Placement.UNLOADED  # the decode stage still needs it
     again = pipe.prepare(request)  # read again (the same seeded weights): the same conditioning
     assert torch.equal(first.text, again.text) and torch.equal(first.clip_fea, again.clip_fea)
+
+
+def test_colour_guard_moves_each_frame_to_the_reference_statistics_whole_or_in_strips():
+    """At full strength every frame takes the reference's per-channel mean and spread; strips whose
+    sums are added up (as the processes of a split decode do) give the whole frames' result."""
+    from avatar_render.infinitetalk.stages import anchor_colour
+
+    g = torch.Generator().manual_seed(0)
+    frames = 0.3 * torch.rand(1, 3, 4, 16, 12, generator=g) - 0.2  # [1, 3, T, H, W], far from clamping
+    frames[:, :, 1] += 0.1  # frames differ in colour
+    mean, std = torch.tensor([0.1, -0.05, 0.0]), torch.tensor([0.08, 0.1, 0.05])
+    full = anchor_colour(frames, mean, std, 1.0)
+    flat = full.flatten(3)
+    assert torch.allclose(flat.mean(3), mean.view(1, 3, 1).expand(1, 3, 4), atol=1e-5)
+    assert torch.allclose(flat.std(3), std.view(1, 3, 1).expand(1, 3, 4), atol=1e-5)
+    half = anchor_colour(frames, mean, std, 0.5)
+    assert torch.allclose(half, (frames + full) / 2, atol=1e-5)
+
+    rows = [(0, 5), (5, 5), (5, 16)]  # one strip empty, as with more processes than rows
+    strips = [frames[..., a:b, :] for a, b in rows]
+    sums = []
+
+    def record(s):
+        sums.append(s)
+        return s
+
+    for part in strips:
+        anchor_colour(part, mean, std, 1.0, total=record)
+    total = sum(sums)
+    parts = [anchor_colour(part, mean, std, 1.0, total=lambda s: total) for part in strips]
+    assert torch.allclose(torch.cat(parts, dim=3), full, atol=1e-6)

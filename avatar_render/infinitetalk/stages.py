@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -32,13 +32,17 @@ def to_pixels(image: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(image).permute(2, 0, 1)[None, :, None].float() / 127.5 - 1.0
 
 
-def to_uint8(frames: torch.Tensor) -> np.ndarray:
-    """[1, 3, T, H, W] in [-1, 1] -> (T, H, W, 3) uint8.
+def to_uint8(frames: torch.Tensor) -> torch.Tensor:
+    """[1, 3, T, H, W] in [-1, 1] -> [T, H, W, 3] uint8, where the frames are."""
+    return ((frames[0].permute(1, 2, 3, 0).clamp(-1, 1) + 1) * 127.5 + 0.5).to(torch.uint8)
+
+
+def to_host(pixels: torch.Tensor) -> np.ndarray:
+    """[T, H, W, 3] uint8 -> (T, H, W, 3) uint8 array.
 
     From a GPU the bytes land in pinned host memory, a fast copy without page faults; the array keeps
     its block, which PyTorch's pinned-memory cache hands out again once the writer is done with it.
     """
-    pixels = ((frames[0].permute(1, 2, 3, 0).clamp(-1, 1) + 1) * 127.5 + 0.5).to(torch.uint8)
     if pixels.device.type != "cuda":
         return pixels.cpu().numpy()
     host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
@@ -169,19 +173,30 @@ class LatentDecode(Stage[LatentSegment, Frames]):
     def run(self, x: LatentSegment, *, static: ModelStatic, carry: DecodeCarry) -> tuple[Frames, DecodeCarry]:
         height = x.latents.shape[-2]
         dec = self._decoder(height)
-        frames, cache = dec.decode(x.latents[None], carry.cache)
-        if self.split is not None:
-            frames = self.split.gather(frames, height, self.vae.config.spatial_factor)
-        frames = frames[:, :, : x.end - x.start]  # stays on the device for the colour work; to_uint8 moves it
+        frames, cache = dec.decode(x.latents[None], carry.cache)  # a strip of rows with a split decode
+        frames = frames[:, :, : x.end - x.start]  # stays on the device for the colour work
         if self.colour_guard > 0:
-            frames = anchor_colour(frames, static.ref_mean, static.ref_std, self.colour_guard)
+            total = (lambda sums: sums) if self.split is None else self.split.moments
+            frames = anchor_colour(frames, static.ref_mean, static.ref_std, self.colour_guard, total=total)
+        pixels = to_uint8(frames)
+        if self.split is not None:
+            pixels = self.split.gather(pixels, height, self.vae.config.spatial_factor)
+        # The processes that do not write pass on frames without rows (their count is what matters).
+        out = np.empty((frames.shape[2], 0, 0, 3), np.uint8) if pixels is None else to_host(pixels)
         recent = torch.cat([carry.recent, x.latents.to(carry.recent)], dim=1)[:, -dec.window():]
-        return Frames(start=x.start, frames=to_uint8(frames)), DecodeCarry(cache, recent, carry.decoded + x.latents.shape[1])
+        return Frames(start=x.start, frames=out), DecodeCarry(cache, recent, carry.decoded + x.latents.shape[1])
 
 
-def anchor_colour(frames: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, strength: float) -> torch.Tensor:
-    """Pull each frame's per-channel mean and spread towards the reference's. frames: [1, 3, T, H, W]."""
+def anchor_colour(frames: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, strength: float,
+                  total: Callable[[torch.Tensor], torch.Tensor] = lambda sums: sums) -> torch.Tensor:
+    """Pull each frame's per-channel mean and spread towards the reference's. frames: [1, 3, T, H, W],
+    whole frames or a strip of rows whose sums ``total`` adds up over all strips."""
     flat = frames.flatten(3)
-    m, s = flat.mean(3, keepdim=True), flat.std(3, keepdim=True).clamp_min(1e-4)
+    wide = flat.double()
+    sums = total(torch.stack([wide.new_full(wide.shape[:-1], flat.shape[-1]), wide.sum(3), (wide * wide).sum(3)]))
+    n, s1, s2 = sums  # each [1, 3, T]
+    m = s1 / n
+    s = ((s2 - s1 * m) / (n - 1).clamp_min(1)).clamp_min(0).sqrt().clamp_min(1e-4)
+    m, s = m[..., None].to(flat), s[..., None].to(flat)
     target = (flat - m) / s * std.to(flat).view(1, 3, 1, 1) + mean.to(flat).view(1, 3, 1, 1)
     return (flat + strength * (target - flat)).view_as(frames).clamp(-1, 1)
