@@ -254,7 +254,8 @@ class _Run:
                     total = audio.total_frames or (max(estimate, frames) if estimate else None)
                     self.on_progress(Progress(chunks_done=chunks, frames_done=frames, frames_total=total,
                                               elapsed_s=telemetry.elapsed() - t_ready, fps=float(fps), frames_resumed=resumed))
-            assert not hashed, "a checkpoint follows every plan entry's chunks"
+            if hashed:  # (each plan entry's chunks are followed by its checkpoint)
+                raise RuntimeError("chunks published after the last checkpoint would be missing from the journal")
             with telemetry.stage("write"):
                 stats = writer.close(faststart=False)
                 complete = self.journal.dir / "complete.mp4"

@@ -1,9 +1,11 @@
 """Stage switches of one render: per-stage times and the visible overhead of each switch.
 
-The switch from stage A to stage B is timed from the end of A's last GPU work (its outputs copied
-back included) to B's first module forward (every nn.Module call is watched), with the modules placed
-as a render places them (``dist.offload`` decides; a render moves nothing between stages). Run it in one process or under
-torchrun (process 0 prints):
+The switch from stage A to stage B ends at B's first module forward (every nn.Module call is
+watched) and is printed from two starts that bound the GPU's idle time between the stages: A's return
+(a lower bound: whatever A did after its last kernel counts as A's time) and A's last module forward
+(an upper bound: A's kernels outside modules, such as copying its outputs back, count as the switch).
+The modules are placed as a render places them (``dist.offload`` decides; a render moves nothing
+between stages). Run it in one process or under torchrun (process 0 prints):
 
     python scripts/bench_dist.py -c configs/tiny.yaml
     torchrun --nproc-per-node 8 scripts/bench_dist.py -c configs/infinitetalk-480p.yaml
@@ -36,20 +38,20 @@ from avatar_render.telemetry import peak_rss_mb  # noqa: E402
 
 
 class Timeline:
-    """The end of each stage call and its first module forward, and the time spent switching.
+    """The first and last module forward and the end of each stage call, and the time spent switching.
 
     On a GPU the marks are CUDA events recorded on the compute stream (no synchronisation per
-    module, which would slow the stages down): the switch is the GPU's time between the last work
-    of one stage and the first model call of the next. On a CPU they are wall-clock readings.
+    module, which would slow the stages down), so they time the GPU's work; on a CPU they are
+    wall-clock readings.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.stage: str | None = None
-        self.first = None
-        self.prev: tuple[str, object] | None = None  # (stage, mark at its end)
+        self.first = self.last = None
+        self.prev: tuple[str, object, object] | None = None  # (stage, its last module's mark, its end's mark)
         self.stage_s: dict[str, list[float]] = defaultdict(list)
-        self.visible_s: dict[str, list[float]] = defaultdict(list)
+        self.switch_s: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (from A's end, from A's last module)
 
     def mark(self):
         if not self.cuda:
@@ -69,8 +71,12 @@ class Timeline:
         if self.stage is not None and self.first is None:
             self.first = self.mark()
 
+    def op_end(self, module, args, output) -> None:
+        if self.stage is not None:
+            self.last = self.mark()
+
     def run(self, stage, x, static, carry):
-        self.stage, self.first = stage.name, None
+        self.stage, self.first, self.last = stage.name, None, None
         start = time.perf_counter()
         out = stage.run(x, static=static, carry=carry)
         end = self.mark()
@@ -78,9 +84,9 @@ class Timeline:
         self.stage_s[stage.name].append(time.perf_counter() - start)
         if self.first is not None:
             if self.prev is not None:
-                key = f"{self.prev[0]} -> {stage.name}"
-                self.visible_s[key].append(self.between(self.prev[1], self.first))
-            self.prev = (stage.name, end)
+                name, last, done = self.prev
+                self.switch_s[f"{name} -> {stage.name}"].append((self.between(done, self.first), self.between(last, self.first)))
+            self.prev = (stage.name, self.last, end)
         self.stage = None
         return out
 
@@ -128,7 +134,8 @@ def main() -> None:
             cuda = device.type == "cuda"
             if cuda:  # the chunk loop's own peak (the init stage's encoders are gone by now)
                 torch.cuda.reset_peak_memory_stats(device)
-            hook = torch.nn.modules.module.register_module_forward_pre_hook(tl.op_start)
+            hooks = (torch.nn.modules.module.register_module_forward_pre_hook(tl.op_start),
+                     torch.nn.modules.module.register_module_forward_hook(tl.op_end))
             limit = round(a.seconds * float(cfg.fps))
             t0 = time.perf_counter()
             frames, first = 0, None
@@ -138,7 +145,8 @@ def main() -> None:
                 if frames >= limit:
                     break
             wall = time.perf_counter() - t0
-            hook.remove()
+            for h in hooks:
+                h.remove()
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else peak_rss_mb() / 1024
         peaks = [peak]
         if mesh.distributed:
@@ -159,9 +167,10 @@ def main() -> None:
         if "a2v" in tl.stage_s and cfg.backend == "infinitetalk":
             print(f"sampling step: {1000 * statistics.mean(tl.stage_s['a2v']) / cfg.model.steps:.1f} ms "
                   f"(a2v / {cfg.model.steps} steps); generated {frames / wall:.2f} fps over {wall:.1f} s")
-        print(f"\n{'switch (visible)':<22}{'calls':>6} {'mean ms':>9} {'max ms':>9}")
-        for key, v in tl.visible_s.items():
-            print(f"{key:<22}{len(v):>6} {ms(v)}")
+        print(f"\n{'switch, from A:':<22}{'':>6} {'end':>19} {'last module':>19}")
+        print(f"{'':<22}{'calls':>6} {'mean ms':>9} {'max ms':>9} {'mean ms':>9} {'max ms':>9}")
+        for key, v in tl.switch_s.items():
+            print(f"{key:<22}{len(v):>6} {ms([a for a, _ in v])} {ms([b for _, b in v])}")
 
 
 if __name__ == "__main__":

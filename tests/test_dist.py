@@ -77,7 +77,7 @@ def test_two_processes_render_the_single_process_frames_and_write_once(single, t
     written = sorted(p.name for p in tmp_path.iterdir())
     assert written == ["two.json", "two.mp4"]  # one file, one report, no partial file or journal left
     assert done.stdout.count("Wrote ") == 1  # the summary comes from process 0 alone
-    assert done.stdout.count("CPU affinity left as it is: no GPUs (gloo on the CPU).") == 1
+    assert done.stdout.count("CPU affinity left as it is: the models run on the CPU (gloo).") == 1
 
 
 def test_four_processes_with_sequence_parallel_match_within_tolerance(single, tmp_path):

@@ -30,15 +30,16 @@ def slot(j: int, replicas: int, num_passes: int) -> int:
 
 
 def spare_replicas(mesh: Mesh, num_passes: int, heads: int) -> Optional[str]:
-    """A warning when the replicas outnumber a step's guidance passes (the spare ones only repeat
-    pass 0), with the ``dist.sp`` that would put those processes to work on every pass instead."""
+    """A warning when the replicas outnumber the guidance passes they can run at once (``num_passes``:
+    a step's passes with CFG parallelism, else 1): the spare ones only repeat work. With the
+    ``dist.sp`` that would put those processes to work on every pass instead."""
     replicas = mesh.world // mesh.sp
     if replicas <= num_passes:
         return None
     better = [sp for sp in range(mesh.sp + 1, mesh.world + 1)
               if mesh.world % sp == 0 and heads % sp == 0 and mesh.world // sp <= num_passes]
     hint = f"; dist.sp={better[0]} would split each pass over {better[0]} processes instead" if better else ""
-    return (f"{replicas} replicas (processes / dist.sp) share {num_passes} guidance pass(es) a step, so "
+    return (f"{replicas} replicas (processes / dist.sp) can run {num_passes} guidance pass(es) at once, so "
             f"{replicas - num_passes} of them only repeat work{hint}.")
 
 

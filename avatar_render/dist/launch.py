@@ -127,8 +127,9 @@ def _flush() -> None:
             pass
 
 
-# The longest a process waits in a collective for the others: process 0 alone reads the journal
-# before the chunk loop and finishes the file after it, while the others wait.
+# The longest a process waits for the others: in a model collective (all processes run the chunk loop
+# in step; a little slack for process 0's writing), and on the control group, where the others wait
+# while process 0 alone reads the journal before the chunk loop and finishes the file after it.
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 CONTROL_TIMEOUT = timedelta(hours=2)
 
@@ -151,9 +152,10 @@ def session(*, sp: int = 1, device: str = "auto", on_abort: Optional[Callable[[]
     master = launch.rank == 0 and not launch.agent_store
     store = _store(launch, master=master)
     watch = AbortWatch(launch, on_abort)
+    control = None
     try:
         where, backend = pick_device(launch, device)
-        pinned = pin_near(gpu_bus_id(where.index)) if where.type == "cuda" else Affinity(None, why="no GPUs (gloo on the CPU)")
+        pinned = pin_near(gpu_bus_id(where.index)) if where.type == "cuda" else Affinity(None, why="the models run on the CPU (gloo)")
         dist.init_process_group(backend, store=dist.PrefixStore("avatar_render/pg", store), timeout=COLLECTIVE_TIMEOUT,
                                 rank=launch.rank, world_size=launch.world, device_id=where if backend == "nccl" else None)
         control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
@@ -169,8 +171,11 @@ def session(*, sp: int = 1, device: str = "auto", on_abort: Optional[Callable[[]
             watch.stop()
             watch.end()
         watch.stop()
+        # Gloo groups are torn down locally; left alive they hold up this process's exit.
+        if control is not None:
+            dist.destroy_process_group(control)
         if dist.is_initialized() and dist.get_backend() == "gloo":
-            dist.destroy_process_group()  # local for gloo; left alive it holds up this process's exit
+            dist.destroy_process_group()
         if isinstance(exc, AvatarRenderError):
             raise AvatarRenderError(f"{str(exc).rstrip('.')} (process {launch.rank} of {launch.world}).") from None
         raise

@@ -112,13 +112,20 @@ def set_current(mesh: Optional[Mesh]) -> None:
     _current = mesh
 
 
+def require_cuda(want: str) -> None:
+    """Refuse a ``model.device`` setting that asks for a GPU where none is visible."""
+    import torch
+
+    if want.startswith("cuda") and not torch.cuda.is_available():
+        raise AvatarRenderError(f"model.device={want} was asked for, but no CUDA device is visible; use model.device=cpu.")
+
+
 def pick_device(launch: Launch, want: str = "auto") -> tuple["torch.device", str]:
     """NCCL on this process's GPU, or gloo on the CPU: ``want`` is the models' device setting
     (``auto``: a GPU when one is visible; ``cpu`` keeps the CPU even then; ``cuda``: a GPU or an error)."""
     import torch
 
-    if want.startswith("cuda") and not torch.cuda.is_available():
-        raise AvatarRenderError(f"model.device={want} was asked for, but no CUDA device is visible; use model.device=cpu.")
+    require_cuda(want)
     if want != "cpu" and torch.cuda.is_available():
         if launch.local_rank >= torch.cuda.device_count():
             raise AvatarRenderError(

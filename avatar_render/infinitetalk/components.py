@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from avatar_render.config import ModelConfig
+from avatar_render.dist.mesh import require_cuda
 from avatar_render.dist.parallelize import DiTPlan
 from avatar_render.dist.streaming import BlockStreamer
 from avatar_render.errors import AvatarRenderError
@@ -131,8 +132,7 @@ class Components:
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise AvatarRenderError(f"model.device={name} was asked for, but no CUDA device is visible; use model.device=cpu.")
+    require_cuda(name)
     return torch.device(name)
 
 

@@ -45,7 +45,8 @@ def build_infinitetalk(cfg: Config) -> Pipeline:
     max_latents = max(context_latents + new_latents, c.transition_frames // TIME_STRIDE + 2)
     fps = cfg.fps
     sampler = SamplerConfig(steps=m.steps, shift=m.shift, text_scale=m.text_scale, audio_scale=m.audio_scale)
-    spare = spare_replicas(mesh, len(passes(sampler)), architectures(m.size).dit.num_heads) if mesh.distributed and cfg.dist.cfg_parallel else None
+    at_once = len(passes(sampler)) if cfg.dist.cfg_parallel else 1  # passes of a step the replicas can share
+    spare = spare_replicas(mesh, at_once, architectures(m.size).dit.num_heads) if mesh.distributed else None
     return Pipeline(
         init=ModelInit(vae=comps.vae, text=comps.text, image=comps.image, prompt=m.prompt,
                        negative_prompt=m.negative_prompt, max_latents=max_latents, face_box=cfg.preview.face_box),
@@ -56,7 +57,7 @@ def build_infinitetalk(cfg: Config) -> Pipeline:
                      evaluate=split_passes(mesh) if cfg.dist.cfg_parallel else serial, sampler=sampler),
         ),
         decode=LatentDecode(vae=comps.vae, colour_guard=m.colour_guard,
-                            split=RowSplit(mesh) if mesh.distributed and cfg.dist.split_decode else None),
+                            split=RowSplit(mesh) if mesh.distributed and cfg.dist.split_decode else None, writes=mesh.is_writer),
         sizes=ChunkSizes(c.chunk_frames, c.context_frames, c.transition_frames, lead_frames=1),
         fps=fps,
         audio_rate=MODEL_AUDIO_RATE,

@@ -149,10 +149,11 @@ class LatentDecode(Stage[LatentSegment, Frames]):
     input_type = LatentSegment
     output_type = Frames
 
-    def __init__(self, *, vae: WanVae, colour_guard: float, split: Optional[RowSplit] = None) -> None:
+    def __init__(self, *, vae: WanVae, colour_guard: float, split: Optional[RowSplit] = None, writes: bool = True) -> None:
         self.vae = vae
         self.colour_guard = colour_guard
         self.split = split  # decode a strip of rows here, the other processes the rest (dist.split_decode)
+        self.writes = writes  # False in the processes of a launch that do not write: no frames to the host
 
     def _decoder(self, height: int) -> StreamingDecoder:
         return StreamingDecoder(self.vae, rows=None if self.split is None else self.split.rows(height))
@@ -176,25 +177,25 @@ class LatentDecode(Stage[LatentSegment, Frames]):
         frames, cache = dec.decode(x.latents[None], carry.cache)  # a strip of rows with a split decode
         frames = frames[:, :, : x.end - x.start]  # stays on the device for the colour work
         if self.colour_guard > 0:
-            total = (lambda sums: sums) if self.split is None else self.split.moments
-            frames = anchor_colour(frames, static.ref_mean, static.ref_std, self.colour_guard, total=total)
+            frames = anchor_colour(frames, static.ref_mean, static.ref_std, self.colour_guard,
+                                   total=None if self.split is None else self.split.moments)
         pixels = to_uint8(frames)
         if self.split is not None:
             pixels = self.split.gather(pixels, height, self.vae.config.spatial_factor)
         # The processes that do not write pass on frames without rows (their count is what matters).
-        out = np.empty((frames.shape[2], 0, 0, 3), np.uint8) if pixels is None else to_host(pixels)
+        out = to_host(pixels) if pixels is not None and self.writes else np.empty((frames.shape[2], 0, 0, 3), np.uint8)
         recent = torch.cat([carry.recent, x.latents.to(carry.recent)], dim=1)[:, -dec.window():]
         return Frames(start=x.start, frames=out), DecodeCarry(cache, recent, carry.decoded + x.latents.shape[1])
 
 
 def anchor_colour(frames: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, strength: float,
-                  total: Callable[[torch.Tensor], torch.Tensor] = lambda sums: sums) -> torch.Tensor:
+                  total: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
     """Pull each frame's per-channel mean and spread towards the reference's. frames: [1, 3, T, H, W],
     whole frames or a strip of rows whose sums ``total`` adds up over all strips."""
     flat = frames.flatten(3)
-    wide = flat.double()
-    sums = total(torch.stack([wide.new_full(wide.shape[:-1], flat.shape[-1]), wide.sum(3), (wide * wide).sum(3)]))
-    n, s1, s2 = sums  # each [1, 3, T]
+    f64 = torch.float64
+    sums = torch.stack([flat.new_full(flat.shape[:-1], flat.shape[-1], dtype=f64), flat.sum(3, dtype=f64), flat.square().sum(3, dtype=f64)])
+    n, s1, s2 = sums if total is None else total(sums)  # each [1, 3, T]
     m = s1 / n
     s = ((s2 - s1 * m) / (n - 1).clamp_min(1)).clamp_min(0).sqrt().clamp_min(1e-4)
     m, s = m[..., None].to(flat), s[..., None].to(flat)

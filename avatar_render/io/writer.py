@@ -133,7 +133,8 @@ class _Aborted(Exception):
 class Mp4Writer:
     """Encodes chunks of frames + audio into ``spec.path`` on a background thread.
 
-    ``put`` copies its arrays, so the caller may reuse them at once. Usable as a context manager:
+    ``put`` keeps the frames it is given until they are encoded (it copies the audio only), so the
+    caller must leave them unchanged. Usable as a context manager:
     the file is closed on normal exit and aborted on an exception. With ``resume``, the existing file
     is cut back to ``resume.position`` and continued.
     """
