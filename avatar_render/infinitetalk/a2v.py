@@ -87,9 +87,9 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
 
         def pin(z: torch.Tensor) -> torch.Tensor:
             z = z.clone()
-            z[:, :m] = front.to(z)
+            z[:, :m] = front
             if back is not None:
-                z[:, -1:] = back.to(z)
+                z[:, -1:] = back
             return z
 
         def predict(z: torch.Tensor, t: torch.Tensor, name: str) -> torch.Tensor:
