@@ -32,7 +32,7 @@ from avatar_render.pipeline.state import CannotResume, Checkpoint, Flat
 from avatar_render.pipeline.types import RequestInput, StaticConditioning
 from avatar_render.preview.engine import build_preview
 from avatar_render.resume import move_into_place, prior_commit, replay_audio
-from avatar_render.dist.launch import distributed, share_resume_point
+from avatar_render.distributed.launch import distributed, share_resume_point
 from avatar_render.stop import RenderStopped, StopNow
 from avatar_render.telemetry import Telemetry, peak_gpu_mb, peak_rss_mb, write_report
 
@@ -187,15 +187,15 @@ def render(
 
 def _check_face(static: StaticConditioning, request: RenderRequest, on_message: OnMessage | None) -> None:
     cfg = request.config
-    if static.face_detected or cfg.preview.face_box is not None:
+    if static.face_detected or cfg.face.box is not None:
         return
     if cfg.run.no_face == "error":
         raise AvatarRenderError(
             f"No face was found in the reference '{Path(request.reference).name}'; place it with "
-            "preview.face_box=[x,y,w,h], or pass run.no_face=warn to go on with the face assumed at the centre."
+            "face.box=[x,y,w,h], or pass run.no_face=warn to go on with the face assumed at the centre."
         )
     if on_message is not None:
-        on_message("warning", "no face was found in the reference; the face was assumed at the image centre (set preview.face_box to place it).")
+        on_message("warning", "no face was found in the reference; the face was assumed at the image centre (set face.box to place it).")
 
 
 class _Run:

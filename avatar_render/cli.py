@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
@@ -47,6 +48,19 @@ class Out:
         self.console.print(table)
 
 
+def _load_config(out: Out, path: Optional[Path], overrides: Optional[list[str]], *, seed: Optional[int] = None):
+    """The config, with what ``load_config`` warns about (moved keys) printed as warnings."""
+    from avatar_render.config import ConfigWarning, load_config
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        cfg = load_config(path, tuple(overrides or ()), seed=seed)
+    for w in caught:
+        if issubclass(w.category, ConfigWarning):
+            out.warn(str(w.message))
+    return cfg
+
+
 def _guard(out: Out, debug: bool, fn: Callable[[], None]) -> None:
     """Map failures to one sentence and an exit code; tracebacks only with --debug."""
     try:
@@ -82,17 +96,16 @@ def render(
 ) -> None:
     """Render a talking-avatar MP4, written while it is generated. Ctrl-C (or SIGTERM) stops after the
     current chunk and keeps what was written for --resume; a second Ctrl-C stops at once."""
-    from avatar_render.dist.launch import is_writer_process
+    from avatar_render.distributed.launch import is_writer_process
 
     out = Out(quiet=quiet or not is_writer_process())  # under torchrun only process 0 reports progress
 
     def run() -> None:
         from avatar_render.api import RenderRequest
         from avatar_render.api import render as render_video
-        from avatar_render.config import load_config
         from avatar_render.stop import RenderStopped, StopNow, StopSignals
 
-        cfg = load_config(config, tuple(overrides or ()), seed=seed)
+        cfg = _load_config(out, config, overrides, seed=seed)
         request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report, resume=resume)
         on_message = lambda level, text: out.warn(text) if level == "warning" else out.info(text)  # noqa: E731
         stopping = StopSignals(on_first=lambda _: out.warn("stopping after the current chunk; press Ctrl-C again to stop at once."))
@@ -162,10 +175,9 @@ def doctor(overrides: OverridesArg = None, config: ConfigOpt = None, debug: Debu
     out = Out()
 
     def run() -> None:
-        from avatar_render.config import load_config
         from avatar_render.doctor import diagnose
 
-        cfg = load_config(config, tuple(overrides or ())) if (config or overrides) else None
+        cfg = _load_config(out, config, overrides) if (config or overrides) else None
         table = Table("group", "item", "ok", "detail")
         for c in diagnose(cfg):
             table.add_row(c.group, c.name, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail)

@@ -6,6 +6,7 @@ The defaults here are the embedded ``preview`` configuration; ``configs/preview.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -40,9 +41,16 @@ class ChunkConfig:
 
 
 @dataclass(frozen=True)
+class FaceConfig:
+    """Where the face is in the reference, for both backends."""
+
+    box: Optional[list[int]] = None  # [x, y, w, h] in reference pixels; None = detect
+
+
+@dataclass(frozen=True)
 class PreviewConfig:
     fps: float = 25.0
-    face_box: Optional[list[int]] = None  # [x, y, w, h] in reference pixels; None = detect
+    face_box: Optional[list[int]] = None  # deprecated: face.box (still read, with a warning)
     mouth_gain: float = 1.0  # how wide the mouth opens for loud speech
     blink_interval_s: float = 4.0  # mean time between blinks; 0 = never blink
     head_motion: float = 1.0  # amplitude of head sway; 0 = still
@@ -99,6 +107,7 @@ class Config:
     seed: int = 0
     video: VideoConfig = field(default_factory=VideoConfig)
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
+    face: FaceConfig = field(default_factory=FaceConfig)
     preview: PreviewConfig = field(default_factory=PreviewConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -138,8 +147,23 @@ def load_config(path: Optional[Path] = None, overrides: tuple[str, ...] = (), *,
         raise AvatarRenderError(f"Invalid config: {_first_line(e)}.") from None
     if seed is not None:
         cfg = dataclasses.replace(cfg, seed=seed)
+    cfg = _moved_keys(cfg)
     validate(cfg)
     return cfg
+
+
+class ConfigWarning(UserWarning):
+    """A config that works but should be written differently (the CLI prints these as warnings)."""
+
+
+def _moved_keys(cfg: Config) -> Config:
+    """Keys that moved: read at their old place with a warning, unless the new one is set too."""
+    if cfg.preview.face_box is None:
+        return cfg
+    warnings.warn("Config key 'preview.face_box' is deprecated; use 'face.box' (it places the face for every backend).",
+                  ConfigWarning, stacklevel=3)
+    face = cfg.face if cfg.face.box is not None else FaceConfig(box=cfg.preview.face_box)
+    return dataclasses.replace(cfg, face=face, preview=dataclasses.replace(cfg.preview, face_box=None))
 
 
 def _load_yaml(path: Path):
@@ -176,9 +200,9 @@ def validate(cfg: Config) -> None:
         (cfg.preview.blink_interval_s >= 0, "preview.blink_interval_s", "must not be negative"),
         (cfg.preview.head_motion >= 0, "preview.head_motion", "must not be negative"),
         (
-            cfg.preview.face_box is None
-            or (len(cfg.preview.face_box) == 4 and min(cfg.preview.face_box[2:]) > 0 and min(cfg.preview.face_box[:2]) >= 0),
-            "preview.face_box",
+            cfg.face.box is None
+            or (len(cfg.face.box) == 4 and min(cfg.face.box[2:]) > 0 and min(cfg.face.box[:2]) >= 0),
+            "face.box",
             "must be [x, y, width, height] with a positive width and height",
         ),
         (cfg.run.queue_chunks >= 1, "run.queue_chunks", "must be at least 1"),

@@ -77,7 +77,7 @@ def _codecs() -> list[Check]:
 
 
 def _cascades_present() -> bool:
-    from avatar_render.preview.face import FaceDetector
+    from avatar_render.face.detect import FaceDetector
 
     return not FaceDetector().missing_files()
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from avatar_render.api import build_pipeline, request_input  # noqa: E402
 from avatar_render.config import load_config  # noqa: E402
-from avatar_render.dist.launch import session  # noqa: E402
+from avatar_render.distributed.launch import session  # noqa: E402
 from avatar_render.infinitetalk.components import resolve_device  # noqa: E402
 from avatar_render.io.audio import AudioReader  # noqa: E402
 from avatar_render.io.reference import load_reference  # noqa: E402

@@ -42,7 +42,7 @@ with wave.open("examples/talk.wav") as src, wave.open(dst, "wb") as w:
     w.setparams(src.getparams())
     w.writeframes(src.readframes(int(seconds * src.getframerate())))
 EOF
-box='preview.face_box=[178,69,92,92]'  # the example face: no face-detector files needed on the GPU machine
+box='face.box=[178,69,92,92]'  # the example face: no face-detector files needed on the GPU machine
 part render "${RENDER_LIMIT:-170}" "$py" -m avatar_render render --ref examples/face.png --audio "$out/clip.wav" \
   -c configs/flashtalk.yaml -o "$out/render.mp4" --report "$out/render.json" --force "$box"
 part probe 30 "$py" -c '

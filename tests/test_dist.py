@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import save_file
 
 from avatar_render.config import load_config
-from avatar_render.dist.launch import TEST_FAIL_ENV, session
-from avatar_render.dist.mesh import Launch, pick_device
+from avatar_render.distributed.launch import TEST_FAIL_ENV, session
+from avatar_render.distributed.mesh import Launch, pick_device
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.components import architectures
 from tests.media import speech_like, write_audio
@@ -106,10 +106,10 @@ def test_error_on_one_process_ends_all_with_one_message(single, tmp_path):
 
 WORKER = textwrap.dedent('''
     import json, sys, torch
-    from avatar_render.dist.cfg_parallel import split_passes
-    from avatar_render.dist.launch import session
-    from avatar_render.dist.parallelize import local_numel, shard
-    from avatar_render.dist.sequence_parallel import UlyssesOp, apply_sequence_parallel
+    from avatar_render.distributed.cfg_parallel import split_passes
+    from avatar_render.distributed.launch import session
+    from avatar_render.distributed.parallelize import local_numel, shard
+    from avatar_render.distributed.sequence_parallel import UlyssesOp, apply_sequence_parallel
     from avatar_render.infinitetalk.components import architectures
     from avatar_render.models.dit import build_dit, materialize_random
 
@@ -172,8 +172,8 @@ def test_single_process_session_is_a_no_op():
 
 
 def test_the_library_entry_imports_without_torch():
-    code = ("import sys; sys.modules['torch'] = None; import avatar_render.api, avatar_render.dist; "
-            "from avatar_render.dist.launch import is_writer_process; assert is_writer_process()")
+    code = ("import sys; sys.modules['torch'] = None; import avatar_render.api, avatar_render.distributed; "
+            "from avatar_render.distributed.launch import is_writer_process; assert is_writer_process()")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
 
@@ -244,8 +244,8 @@ SHARDED_READ = textwrap.dedent('''
     import json, sys
     import avatar_render.models.checkpoints as ck
     from avatar_render.config import load_config
-    from avatar_render.dist.launch import session
-    from avatar_render.dist.parallelize import dit_plan, local_numel, text_plan
+    from avatar_render.distributed.launch import session
+    from avatar_render.distributed.parallelize import dit_plan, local_numel, text_plan
     from avatar_render.infinitetalk.components import make_components
 
     seen, read = [], ck.load_into

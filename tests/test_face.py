@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.io.reference import Fit, fit_to_frame, load_reference
-from avatar_render.preview.face import Box, FaceDetector, FaceLayout, fallback_layout, layout_from_box
+from avatar_render.face.detect import FaceDetector
+from avatar_render.face.fit import Fit, fit_to_frame
+from avatar_render.face.layout import Box, FaceLayout, fallback_layout, layout_from_box
+from avatar_render.io.reference import load_reference
 
 FACE_PNG = Path(__file__).resolve().parents[1] / "examples" / "face.png"
 

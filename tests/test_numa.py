@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from avatar_render.dist.numa import Affinity, describe, parse_cpulist, pci_numa_node, pin_near
+from avatar_render.distributed.numa import Affinity, describe, parse_cpulist, pci_numa_node, pin_near
 
 BUS = "0000:3b:00.0"
 

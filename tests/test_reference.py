@@ -15,7 +15,8 @@ import pytest
 from PIL import Image
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.io.reference import Fit, fit_to_frame, load_reference
+from avatar_render.face.fit import Fit, fit_to_frame
+from avatar_render.io.reference import load_reference
 from tests.media import speech_like, write_audio
 
 ROOT = Path(__file__).resolve().parents[1]

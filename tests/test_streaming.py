@@ -12,7 +12,7 @@ import torch
 
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
-from avatar_render.dist.streaming import BlockStreamer
+from avatar_render.distributed.streaming import BlockStreamer
 from avatar_render.infinitetalk.components import architectures
 from avatar_render.models.dit import build_dit, materialize_random
 from tests.media import speech_like, write_audio

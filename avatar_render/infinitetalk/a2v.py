@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from avatar_render.infinitetalk.grid import latent_of
+from avatar_render.models.grid import latent_of, latents_in
 from avatar_render.infinitetalk.types import AudioWindow, LatentChunk, ModelStatic
 from avatar_render.models.sampler import Evaluate, SamplerConfig, sample, serial
 from avatar_render.models.vae import WanVae
@@ -54,7 +54,7 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
         self.vae = vae
         self.sampler = sampler
         self.context_frames = context_frames
-        self.context_latents = 1 + (context_frames - 1) // 4  # m: latents that condition the next chunk
+        self.context_latents = latents_in(context_frames)  # m: latents that condition the next chunk
         self.context_mode = context_mode
 
     def modules(self) -> tuple[Module, ...]:

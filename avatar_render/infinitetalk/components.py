@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from avatar_render.config import ModelConfig
-from avatar_render.dist.mesh import require_cuda
-from avatar_render.dist.parallelize import DiTPlan
-from avatar_render.dist.streaming import BlockStreamer
+from avatar_render.distributed.mesh import require_cuda
+from avatar_render.distributed.parallelize import DiTPlan
+from avatar_render.distributed.streaming import BlockStreamer
 from avatar_render.errors import AvatarRenderError
 from avatar_render.models.audio_encoder import TINY_WAV2VEC2, AudioEncoder
 from avatar_render.models.checkpoints import find_audio_module, read_dit_weights, resolve_base_files

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from avatar_render.infinitetalk.grid import latent_of, latents_for
+from avatar_render.models.grid import latent_of, latents_for
 from avatar_render.models.vae import CausalCache
 from avatar_render.pipeline.types import ChunkInput, Generated, Segment, StaticConditioning
 

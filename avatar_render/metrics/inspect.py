@@ -98,7 +98,8 @@ def inspect_video(
     info = probe_video(video)
     rep = load_report(report) if report is not None else None
     if face_box is None and rep is not None and reference is not None:
-        face_box = (rep.get("config", {}).get("preview") or {}).get("face_box")
+        config = rep.get("config", {})
+        face_box = (config.get("face") or {}).get("box") or (config.get("preview") or {}).get("face_box")
     fps = float(info.fps)
     frames = iter_frames(video)
     levels = None

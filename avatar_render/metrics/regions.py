@@ -8,8 +8,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from avatar_render.io.reference import fit_to_frame, load_reference
-from avatar_render.preview.face import Box, FaceDetector, FaceLayout, fallback_layout, find_face
+from avatar_render.face.detect import FaceDetector, find_face
+from avatar_render.face.fit import fit_to_frame
+from avatar_render.face.layout import Box, FaceLayout, fallback_layout
+from avatar_render.io.reference import load_reference
 
 MIN_PATCH = 8  # smallest side of a crop, in pixels
 

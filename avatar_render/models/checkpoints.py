@@ -207,7 +207,7 @@ def load_into(
 ) -> None:
     """Stream the tensors file by file into ``model`` (meta or materialised), casting each one.
     Parameters already sharded across processes (DTensors) receive this process's piece alone."""
-    from avatar_render.dist.parallelize import local_piece
+    from avatar_render.distributed.parallelize import local_piece
 
     device = torch.device(device)
     modules = dict(model.named_modules())

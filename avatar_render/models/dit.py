@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from avatar_render.models.audio_proj import AudioProjection
 from avatar_render.models.dit_blocks import DiTBlock, Head, ImageEmbedding, Rope3D, linear_f32
+from avatar_render.models.grid import frames_in
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class DiTConfig:
 
     def video_frames(self, latent_frames: int) -> int:
         """Video frames (and audio feature rows) that ``latent_frames`` latents stand for."""
-        return 1 + self.vae_scale * (latent_frames - 1)
+        return frames_in(latent_frames, self.vae_scale)
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ def _group_keys(path: Path, keys: list[str], lookup: dict[str, str]) -> dict[str
 
 def _add(param: nn.Parameter, delta: torch.Tensor) -> None:
     if is_sharded(param):  # split across processes: add this process's piece of the update
-        from avatar_render.dist.parallelize import local_piece
+        from avatar_render.distributed.parallelize import local_piece
 
         if (pair := local_piece(param, delta)) is not None:
             local, piece = pair

@@ -20,6 +20,7 @@ from diffusers import AutoencoderKLWan
 from diffusers.models.autoencoders.autoencoder_kl_wan import CACHE_T, WanCausalConv3d, WanResample, WanUpsample
 from torch import nn
 
+from avatar_render.models.grid import frames_in
 from avatar_render.models.weights import TorchModule, by_table, load_checkpoint, read_json, safetensors_shards
 
 # fmt: off
@@ -62,7 +63,7 @@ class VaeConfig:
 
     def num_frames(self, num_latents: int) -> int:
         """Frames decoded from ``num_latents`` latents of one stream: 1 + 4 (n - 1)."""
-        return 0 if num_latents == 0 else 1 + self.temporal_factor * (num_latents - 1)
+        return frames_in(num_latents, self.temporal_factor)
 
 
 @dataclass(frozen=True)

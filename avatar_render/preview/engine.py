@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from avatar_render.config import Config
-from avatar_render.io.reference import fit_to_frame
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment, StaticConditioning
-from avatar_render.preview.face import FaceDetector, fallback_layout, find_face
+from avatar_render.face.detect import FaceDetector, find_face
+from avatar_render.face.fit import fit_to_frame
+from avatar_render.face.layout import fallback_layout
 from avatar_render.preview.motion import (
     EYES,
     MOUTH,
@@ -26,7 +27,7 @@ from avatar_render.preview.motion import (
 )
 from avatar_render.preview.render import FaceRig, render_frame
 
-MODEL_AUDIO_RATE = 16_000
+SPEECH_RATE = 16_000  # the rate the speech analysis runs at
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ class PreviewRender(Stage[MotionSegment, Frames]):
 def build_preview(cfg: Config) -> Pipeline:
     p = cfg.preview
     return Pipeline(
-        init=PreviewInit(face_box=p.face_box),
+        init=PreviewInit(face_box=cfg.face.box),
         generate=(
             SpeechContext(),
             PreviewAnimator(mouth_gain=p.mouth_gain, blink_interval_s=p.blink_interval_s, head_motion=p.head_motion),
@@ -150,6 +151,6 @@ def build_preview(cfg: Config) -> Pipeline:
         decode=PreviewRender(),
         sizes=ChunkSizes(cfg.chunk.chunk_frames, cfg.chunk.context_frames, cfg.chunk.transition_frames),
         fps=cfg.fps,
-        audio_rate=MODEL_AUDIO_RATE,
+        audio_rate=SPEECH_RATE,
         audio_pad_s=float(1 / Fraction(cfg.fps)),
     )

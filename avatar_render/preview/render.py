@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from avatar_render.preview.face import Box, FaceLayout
+from avatar_render.face.layout import Box, FaceLayout
 from avatar_render.preview.motion import DX, DY, EYES, MOUTH, ROLL, ZOOM
 
 INTERIOR = np.array([58, 22, 28], np.float32)  # mouth interior, RGB

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from avatar_render.dist.mesh import Mesh
+from avatar_render.distributed.mesh import Mesh
 from avatar_render.models.sampler import Evaluate, serial
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 def follow(request) -> None:
     """Run ``request``'s pipeline to its end without writing anything."""
     from avatar_render.api import build_pipeline, request_input
-    from avatar_render.dist.launch import share_resume_point
+    from avatar_render.distributed.launch import share_resume_point
     from avatar_render.io.audio import AudioReader
     from avatar_render.io.reference import load_reference
 

@@ -26,8 +26,8 @@ from typing import Callable, Iterator, Optional
 
 from typing import TYPE_CHECKING
 
-from avatar_render.dist.mesh import Launch, Mesh, build_mesh, pick_device, set_current, single
-from avatar_render.dist.numa import Affinity, describe, gpu_bus_id, pin_near
+from avatar_render.distributed.mesh import Launch, Mesh, build_mesh, pick_device, set_current, single
+from avatar_render.distributed.numa import Affinity, describe, gpu_bus_id, pin_near
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -219,7 +219,7 @@ def share_resume_point(checkpoint: object) -> object:
     their chunk loop from the same point. Every process calls it once, after ``prepare``."""
     if Launch.from_env().world == 1:  # (and no torch needed: the preview backend runs without it)
         return checkpoint
-    from avatar_render.dist.mesh import current
+    from avatar_render.distributed.mesh import current
 
     return broadcast(current(), checkpoint)
 
@@ -238,7 +238,7 @@ def distributed(render: Callable) -> Callable:
     def wrapper(request, **kw):
         if Launch.from_env().world == 1:
             return render(request, **kw)
-        from avatar_render.dist.follow import follow
+        from avatar_render.distributed.follow import follow
 
         cfg = request.config
         writer = Launch.from_env().rank == 0

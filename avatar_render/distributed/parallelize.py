@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from avatar_render.config import DistConfig
-from avatar_render.dist.mesh import Mesh
-from avatar_render.dist.sequence_parallel import apply_sequence_parallel
+from avatar_render.distributed.mesh import Mesh
+from avatar_render.distributed.sequence_parallel import apply_sequence_parallel
 
 
 def shard(net: nn.Module, blocks: Sequence[nn.Module], mesh: Mesh, *, offload: bool = False, prefetch: int = 1) -> None:
@@ -61,7 +61,7 @@ def dit_plan(dist_cfg: DistConfig, mesh: Mesh) -> Optional[DiTPlan]:
     offload = dist_cfg.offload.get("dit") == "offloaded"
 
     def apply(net: nn.Module) -> None:
-        from avatar_render.dist.launch import injected_failure
+        from avatar_render.distributed.launch import injected_failure
 
         injected_failure(mesh)
         if mesh.sp > 1:
