@@ -35,7 +35,8 @@ def render(
 ) -> RenderReport:
     """Render one talking-avatar MP4. Raises AvatarRenderError for anything the user can fix; an
     existing output is only replaced when the new one is complete. When ``should_stop()`` turns true
-    the render stops after the current chunk and raises RenderStopped (the journal is kept).
+    the render stops at the next resume point (a keyframe: every ``video.gop_seconds``) and raises
+    RenderStopped (the journal is kept).
     ``telemetry`` measures the render (a fresh one by default; a caller's is left open)."""
     cfg = request.config
     launch = Launch.from_env()

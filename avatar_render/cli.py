@@ -95,7 +95,8 @@ def render(
     debug: DebugOpt = False,
 ) -> None:
     """Render a talking-avatar MP4, written while it is generated. Ctrl-C (or SIGTERM) stops after the
-    current chunk and keeps what was written for --resume; a second Ctrl-C stops at once."""
+    next keyframe (every video.gop_seconds) and keeps what was written for --resume; a second Ctrl-C
+    stops at once."""
     from avatar_render.distributed.launch import is_writer_process
 
     out = Out(quiet=quiet or not is_writer_process())  # under torchrun only process 0 reports progress
@@ -108,7 +109,7 @@ def render(
         cfg = _load_config(out, config, overrides, seed=seed)
         request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report, resume=resume)
         on_message = lambda level, text: out.warn(text) if level == "warning" else out.info(text)  # noqa: E731
-        stopping = StopSignals(on_first=lambda _: out.warn("stopping after the current chunk; press Ctrl-C again to stop at once."))
+        stopping = StopSignals(on_first=lambda _: out.warn("stopping at the next keyframe; press Ctrl-C again to stop at once."))
         try:
             with stopping, _progress(out) as on_progress:
                 result = render_video(request, on_progress=on_progress, on_message=on_message, should_stop=stopping)

@@ -42,8 +42,8 @@ def test_first_signal_finishes_the_chunk_and_keeps_a_resumable_file(work, face_p
     frames = plan_end(d / "ref.json", 6)
     partial = partial_path(d / f"{name}.mp4")
     assert stderr_lines(done) == [
-        "Warning: stopping after the current chunk; press Ctrl-C again to stop at once.",
-        f"Warning: Stopped after the current chunk: '{partial.name}' holds the first {frames} frames ({frames / 25:.1f} s); "
+        "Warning: stopping at the next keyframe; press Ctrl-C again to stop at once.",
+        f"Warning: Stopped at a keyframe: '{partial.name}' holds the first {frames} frames ({frames / 25:.1f} s); "
         "run the same command with --resume to continue.",
     ]
     assert committed_frames(d, f"{name}.mp4") == frames

@@ -14,9 +14,6 @@ import av
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.spec import WriterSpec
 
-KEYINT_SECONDS = 10  # longest stretch without a keyframe when chunks are long
-
-
 def remux_faststart(src: Path, dst: Path) -> None:
     """Write the fragmented file ``src`` as a regular MP4 with its index in front to ``dst`` (a
     stream copy; ``dst`` may be ``src``). Raises AvatarRenderError when it cannot be written.
@@ -50,9 +47,9 @@ def open_video_encoder(spec: WriterSpec) -> av.VideoCodecContext:
     codec.pix_fmt = "yuv420p"
     codec.time_base = 1 / spec.fps
     codec.framerate = spec.fps
-    keyint = 2 * math.ceil(KEYINT_SECONDS * spec.fps)  # a backstop for chunks longer than that
+    keyint = 2 * math.ceil(spec.gop_seconds * spec.fps)  # a backstop for chunks longer than that
     # zerolatency: no B-frames, no lookahead, slice threads instead of frame threads, so each
-    # frame's packet comes out of encode() at once. Keyframes are forced at chunk starts.
+    # frame's packet comes out of encode() at once. The writer forces an IDR frame at each GOP start.
     params = f"keyint={keyint}:scenecut=0:forced-idr=1:colorprim=bt709:transfer=bt709:colormatrix=bt709"
     codec.options = {
         "preset": spec.preset,

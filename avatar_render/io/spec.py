@@ -24,6 +24,7 @@ class WriterSpec:
     audio_channels: int = 2
     audio_bitrate: int = 128_000
     queue_chunks: int = 4  # bounded queue length; put() blocks when full
+    gop_seconds: float = 10.0  # shortest GOP: a GOP starts at the first chunk start this long after the last
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path))
@@ -41,5 +42,7 @@ class WriterSpec:
             raise AvatarRenderError(f"Audio rate {self.audio_rate} Hz is not an AAC rate; use 16000, 44100 or 48000.")
         if self.audio_channels not in (1, 2):
             raise AvatarRenderError(f"Audio must have 1 or 2 channels, not {self.audio_channels}.")
+        if not 0 < self.gop_seconds <= 3600:
+            raise AvatarRenderError(f"GOP length {self.gop_seconds} s must be positive and at most an hour.")
         if self.audio_bitrate <= 0 or self.queue_chunks < 1:
             raise AvatarRenderError("Audio bitrate and writer queue length must be positive.")

@@ -36,7 +36,7 @@ from avatar_render.io.writer import WriterPosition
 from avatar_render.pipeline.state import Checkpoint, Flat, flatten, unflatten
 from avatar_render.pipeline.types import Published
 
-FORMAT = 1
+FORMAT = 2  # 2: commits fall on GOP starts (byte-exact resume)
 NEUTRAL_KEYS = frozenset({"run.queue_chunks", "run.no_face"})  # config keys that cannot change the frames
 _WHOLE_HASH_MAX = 64 << 20  # inputs up to this size are hashed whole; larger ones by samples
 _BLOCK, _BLOCKS = 1 << 20, 16

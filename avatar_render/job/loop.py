@@ -77,8 +77,8 @@ class ChunkLoop:
             raise self._stopped(at_once=False)
         writer = self._open_writer(point[0] if point else None, prior)
         try:
-            self._generate(writer, point[0] if point else None, tally)
-            stats = self._finish(writer)
+            uncommitted = self._generate(writer, point[0] if point else None, tally)
+            stats = self._finish(writer, uncommitted)
         except BaseException as exc:
             writer.abort()  # (nothing left to do once closed)
             explained = self._explain(exc)
@@ -94,7 +94,7 @@ class ChunkLoop:
         spec = WriterSpec(
             path=self.partial, width=cfg.video.width, height=cfg.video.height, fps=cfg.fps,
             crf=cfg.video.crf, preset=cfg.video.preset, audio_rate=info.output_rate, audio_channels=info.output_channels,
-            audio_bitrate=cfg.video.audio_bitrate, queue_chunks=cfg.run.queue_chunks,
+            audio_bitrate=cfg.video.audio_bitrate, queue_chunks=cfg.run.queue_chunks, gop_seconds=cfg.video.gop_seconds,
         )
         try:
             if prior is None:
@@ -108,14 +108,20 @@ class ChunkLoop:
             self._forget_if_empty()
             raise
 
-    def _generate(self, writer: Mp4Writer, checkpoint: Optional[Checkpoint], tally: _Tally) -> None:
-        """The pipeline's chunks to the writer, its checkpoints to the journal, until the end or a stop."""
+    def _generate(self, writer: Mp4Writer, checkpoint: Optional[Checkpoint], tally: _Tally) -> Hashed:
+        """The pipeline's chunks to the writer, its checkpoints to the journal, until the end or a stop;
+        returns the chunks published after the last commit.
+
+        A checkpoint is committed only where the writer opens a GOP (fresh encoders), so that a render
+        resumed from it writes the bytes of the uninterrupted one; a stop waits for the next of those."""
         hashed: Hashed = []
         stream = self.job.pipeline.stream(self.job.static, self.job.audio, seed=self.cfg.seed, clock=self.telemetry.stage,
                                           resume=checkpoint, checkpoints=True)
         for item in stream:
             if isinstance(item, Published):
                 hashed.append(self._publish(writer, item, tally))
+                continue
+            if not writer.boundary():
                 continue
             with self.telemetry.stage("journal"):
                 writer.mark(bind(self._commit, snapshot(item), hashed, plans_done=item.plans_done,
@@ -124,8 +130,7 @@ class ChunkLoop:
             if self.should_stop() and not item.last_plan.last:  # (after the last plan, finishing is cheaper)
                 writer.close(faststart=False)
                 raise self._stopped(at_once=False)
-        if hashed:  # (each plan entry's chunks are followed by its checkpoint)
-            raise RuntimeError("chunks published after the last checkpoint would be missing from the journal")
+        return hashed
 
     def _publish(self, writer: Mp4Writer, item: Published, tally: _Tally) -> tuple[Future[ChunkRecord], dict]:
         telemetry = self.telemetry
@@ -158,10 +163,14 @@ class ChunkLoop:
             self.telemetry.chunk_done(stamp=stamp, **dataclasses.asdict(record))
         self.journal.commit(flat, records, position, **counts)
 
-    def _finish(self, writer: Mp4Writer) -> WriterStats:
-        """The last fragments written, the file copied into a regular MP4 and moved into place."""
+    def _finish(self, writer: Mp4Writer, uncommitted: Hashed) -> WriterStats:
+        """The last fragments written, the file copied into a regular MP4 and moved into place;
+        ``uncommitted``: the chunks after the last commit, recorded in the telemetry only."""
         with self.telemetry.stage("write"):
             stats = writer.close(faststart=False)
+        for future, stamp in uncommitted:
+            self.telemetry.chunk_done(stamp=stamp, **dataclasses.asdict(future.result()))
+        with self.telemetry.stage("write"):
             complete = self.journal.dir / "complete.mp4"
             remux_faststart(self.partial, complete)
         move_into_place(complete, self.output, partial=self.partial, force=self.request.force)
