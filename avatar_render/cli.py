@@ -107,7 +107,8 @@ def render(
         from avatar_render.job.stop import RenderStopped, StopNow, StopSignals
 
         cfg = _load_config(out, config, overrides, seed=seed)
-        request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report, resume=resume)
+        request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report,
+                                resume=resume, config_file=config)
         on_message = lambda level, text: out.warn(text) if level == "warning" else out.info(text)  # noqa: E731
         stopping = StopSignals(on_first=lambda _: out.warn("stopping at the next keyframe; press Ctrl-C again to stop at once."))
         try:

@@ -234,13 +234,13 @@ def test_hours_of_audio_stream_in_constant_memory(media, tmp_path):
     audio = long_silent_wav(tmp_path / "three_hours.wav", 3 * 3600)
     seen, asked = [], [0]
 
-    def stop() -> bool:  # asked before the first chunk, then after each: stop after four
+    def stop() -> bool:  # asked before the first chunk, then at each keyframe (every chunk here): stop after four
         asked[0] += 1
         return asked[0] > 4
 
     rss = current_rss_mb()
     with pytest.raises(RenderStopped) as stopped:
-        api(tmp_path, media / "face.png", audio, "chunk.chunk_frames=25", on_progress=seen.append, should_stop=stop)
+        api(tmp_path, media / "face.png", audio, "chunk.chunk_frames=25", "video.gop_seconds=1", on_progress=seen.append, should_stop=stop)
     assert current_rss_mb() - rss < 100  # three hours of decoded audio would be about 1 GB
     assert seen[-1].frames_total == 3 * 3600 * 25 and stopped.value.frames == seen[-1].frames_done == 100
 

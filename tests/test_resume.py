@@ -408,7 +408,7 @@ def test_journal_is_cheap_and_small(work, face_png, tmp_path):
     _, audio, _, _ = work
     interrupted(tmp_path, face_png, audio, "c.mp4")
     files = {p.name: p.stat().st_size for p in journal_path(tmp_path / "c.mp4").iterdir()}
-    assert set(files) == {"journal.json", "chunks.jsonl", "lock", next(n for n in files if n.startswith("state-"))}
+    assert set(files) == {"journal.json", "chunks.jsonl", "lock", ".avatar-render-journal", next(n for n in files if n.startswith("state-"))}
     assert sum(files.values()) < 16_000  # identity, one line per chunk and the preview's small state
 
 

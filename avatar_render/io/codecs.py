@@ -83,6 +83,10 @@ def create_error(path: Path, exc: OSError) -> str:
         return f"Could not open '{path}': it does not exist."
     if isinstance(exc, PermissionError):
         return f"Could not create '{path}': permission denied."
+    if isinstance(exc, FileExistsError):
+        return f"Could not create '{path}': something is already there, and the render writes only files it makes."
+    if exc.errno == errno.ELOOP:
+        return f"Could not open '{path}': it is a symbolic link, and the render never writes through one."
     return f"Could not create '{path}': {os_reason(exc)}."
 
 

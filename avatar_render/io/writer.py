@@ -45,6 +45,7 @@ import av
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files import create_new, open_own
 from avatar_render.io.codecs import (
     create_error,
     open_audio_encoder,
@@ -167,7 +168,8 @@ class Mp4Writer:
         self._encode_seconds = 0.0
 
         try:
-            self._file: BinaryIO = open(spec.path, "wb" if resume is None else "r+b", buffering=0)
+            # A new file is created, never opened over anything there; a resumed one is never followed through a link.
+            self._file: BinaryIO = create_new(spec.path) if resume is None else open_own(spec.path, "r+b")
         except OSError as exc:
             raise AvatarRenderError(create_error(spec.path, exc)) from None
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from fractions import Fraction
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from avatar_render.pipeline.state import Checkpoint
 
 def prior_commit(journal: Journal | None, *, output: Path, partial: Path, resume: bool, force: bool, fps: Fraction) -> Commit | None:
     """The commit to resume from, or None to start afresh; refuses to throw an interrupted render away unasked."""
-    if journal is None or not partial.exists():
+    if journal is None or not os.path.lexists(partial):
         return None  # nothing, or a stale journal that begin() clears
     if journal.damaged:
         if resume:

@@ -18,7 +18,7 @@ from avatar_render.job.journal import (
     journal_path,
 )
 from avatar_render.job.loop import ChunkLoop
-from avatar_render.job.output import check_output, check_report, partial_path
+from avatar_render.job.output import check_not_inputs, check_output, check_partial, check_report, finished_before, partial_path
 from avatar_render.job.resume import prior_commit
 from avatar_render.job.setup import prepared
 from avatar_render.job.types import OnMessage, Progress, RenderReport, RenderRequest
@@ -34,10 +34,22 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry, on_prog
     processes of a launch)."""
     cfg = request.config
     output = Path(request.output)
+    if finished_before(output):
+        on_message("info", f"'{output}' was complete; the files its render had left beside it are removed.")
+        if request.resume:
+            return _finished_report(output, cfg)
     check_output(output, force=request.force)
-    check_report(None if request.report is None else Path(request.report), output)
+    report = None if request.report is None else Path(request.report)
+    check_report(report, output, force=request.force)
+    written = {"output": output, "partial file": partial_path(output), "resume journal": journal_path(output)}
+    inputs = {"reference": Path(request.reference), "audio": Path(request.audio)}
+    if request.config_file is not None:
+        inputs["config"] = Path(request.config_file)
+    check_not_inputs(inputs,
+                     {**written, **({"report": report} if report else {})})
     journal = Journal.open(journal_path(output), create=False)
     try:
+        check_partial(output, journal)
         prior = prior_commit(journal, output=output, partial=partial_path(output), resume=request.resume,
                              force=request.force, fps=cfg.fps)
         with prepared(cfg, Path(request.reference), Path(request.audio), mesh, clock=telemetry.stage) as job:
@@ -69,6 +81,7 @@ def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[C
     if request.resume:
         on_message("info", f"Nothing to resume for '{output}'; starting from the beginning.")
     journal = journal or Journal.open(journal_path(output), create=True)
+    partial_path(output).unlink(missing_ok=True)  # (only ever this journal's: check_partial)
     journal.begin(ident)
     return journal, None
 
@@ -83,3 +96,18 @@ def _check_face(static: StaticConditioning, request: RenderRequest, on_message: 
             "face.box=[x,y,w,h], or pass run.no_face=warn to go on with the face assumed at the centre."
         )
     on_message("warning", "no face was found in the reference; the face was assumed at the image centre (set face.box to place it).")
+
+
+def _finished_report(output: Path, cfg) -> RenderReport:
+    """The report of a render found finished: what the file holds (nothing was rendered now)."""
+    import av
+
+    with av.open(str(output)) as c:
+        video = c.streams.video[0]
+        frames = video.frames
+        audio = c.streams.audio[0] if c.streams.audio else None
+        seconds = float(audio.duration * audio.time_base) if audio is not None and audio.duration else frames / float(cfg.fps)
+    return RenderReport(output=str(output), frames=frames, fps=float(cfg.fps), width=video.width, height=video.height,
+                        duration_s=round(seconds, 4), num_chunks=0, face_detected=True, inputs_s=0.0, time_to_first_frame_s=0.0,
+                        first_frame_on_disk_s=None, wall_s=0.0, generated_fps=0.0, realtime_factor=0.0, peak_rss_mb=0.0,
+                        stage_s={}, resumed_frames=frames)

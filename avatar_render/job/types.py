@@ -20,6 +20,7 @@ class RenderRequest:
     force: bool = False  # replace an existing output file; discard an interrupted render's partial output
     report: Optional[Path] = None  # write a JSON report here
     resume: bool = False  # go on from an interrupted render's journal (start afresh when there is none)
+    config_file: Optional[Path] = None  # the YAML file the config came from, if any (an input: never written over)
 
 
 @dataclass(frozen=True)
