@@ -15,7 +15,7 @@ class Planned:
     skipped: tuple[Outcome, ...]  # complete with the same inputs and config
     refused: tuple[Outcome, ...]  # failed before running (an output that is not the batch's, ...)
     unpaired: tuple[Path, ...]  # files of a folder source that found no partner
-    workers: int  # jobs run side by side
+    workers: int  # jobs run side by side on this machine (0: as many as Ray places)
     where: str  # "this machine" or the Ray cluster's address
 
 

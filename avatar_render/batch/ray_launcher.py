@@ -69,9 +69,10 @@ def run_on_ray(tasks: Sequence[Task], *, address: Optional[str], cpus_per_job: f
         raise AvatarRenderError(f"Cannot reach the Ray cluster{f' at {address}' if address else ''}: {str(e).splitlines()[0]}") from None
     try:
         control = ray.remote(num_cpus=0)(_Control).remote()
-        remote = ray.remote(_task).options(num_cpus=cpus_per_job, num_gpus=gpus_per_job, max_retries=retries, retry_exceptions=False)
+        remote = ray.remote(_task)
         by_key = {t.job.key: t for t in tasks}
-        refs = {remote.options(name=f"avatar-render {t.job.name}").remote(t.spec.to_json(), t.job.key, control): t for t in tasks}
+        refs = {remote.options(num_cpus=cpus_per_job, num_gpus=gpus_per_job, max_retries=retries, retry_exceptions=False,
+                               name=f"avatar-render {t.job.name}").remote(t.spec.to_json(), t.job.key, control): t for t in tasks}
         started: dict[str, float] = {}
         stopped = at_once = False
         while refs:

@@ -117,7 +117,8 @@ def run_batch(request: BatchRequest, *, on_event: Optional[OnEvent] = None,
     workers = max(1, min(request.jobs or default_workers(plan.config, request.procs_per_job), len(tasks) or 1))
     emit(Planned(to_run=tuple(t.job for t in tasks), skipped=tuple(o for o in outcomes.values() if o.status == "skipped"),
                  refused=tuple(o for o in outcomes.values() if o.status == "failed"), unpaired=plan.unpaired,
-                 workers=workers, where="this machine" if request.ray is None else f"Ray ({request.ray or 'default address'})"))
+                 workers=workers if request.ray is None else 0,
+                 where="this machine" if request.ray is None else f"Ray ({request.ray or 'its default address'})"))
     thumbs = {}
 
     def finished(task: Task, final: dict, wall_s: float) -> None:

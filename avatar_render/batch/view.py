@@ -57,7 +57,8 @@ class BatchView:
         for o in p.refused:
             self.warn(f"{o.job.name}: {o.reason}")
         skipped = f", {len(p.skipped)} already done" if p.skipped else ""
-        self.info(f"{len(p.to_run)} jobs to render{skipped}, {p.workers} at a time on {p.where}.")
+        side_by_side = f", {p.workers} at a time" if p.workers else ""
+        self.info(f"{len(p.to_run)} jobs to render{skipped}{side_by_side} on {p.where}.")
         self.total = len(p.to_run)
         if self.live and p.to_run:
             self.bar = Progress(TextColumn("{task.fields[what]}"), BarColumn(), TextColumn("{task.fields[frames]}"),

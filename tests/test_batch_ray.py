@@ -1,0 +1,114 @@
+"""The Ray launcher on a local Ray instance that the test starts (CPU only, every address on the
+loopback): the same bytes as a local run, and a job whose Ray worker is killed in the middle is run
+again by Ray and goes on from its journal."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import av
+import pytest
+
+from tests.batch_util import SMALL, batch, by_name, chunk_hashes, env, make_jobs, report_of, start_batch, summary, wait_for_commit
+
+pytest.importorskip("ray", reason="the Ray launcher is an optional extra: pip install -e '.[ray]'")
+
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray's single-machine mode: it binds 127.0.0.1, not the node's address
+NAMES = ["r1", "r2", "r3"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """`ray start --head --block` in its own process group, ended with that group; its workers slow
+    each chunk down (tests/batch_hooks) so that one can be killed in the middle of a job."""
+    ray = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
+    if ray is None:
+        pytest.skip("the ray command is not installed")
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="avr-ray-")  # short: Ray's socket paths must fit in 107 bytes
+    log = open(Path(temp) / "head.log", "w")
+    head = subprocess.Popen([ray, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+                             "--include-dashboard=false", "--disable-usage-stats", "--object-store-memory=100000000",
+                             f"--temp-dir={temp}"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=env(**LOOPBACK, AVATAR_TEST_CHUNK_DELAY="0.25"))
+    try:
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in (Path(temp) / "head.log").read_text():
+            if head.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"ray start failed: {(Path(temp) / 'head.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
+    finally:
+        end_group(head)
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def end_group(leader: subprocess.Popen, grace_s: float = 3.0) -> None:
+    """SIGTERM to every process of the leader's group (`ray start --block` then stops the instance),
+    SIGKILL to whatever of the group is left once the leader has gone or after ``grace_s``."""
+    os.killpg(leader.pid, signal.SIGTERM)
+    try:
+        leader.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(leader.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    leader.wait()
+
+
+def test_ray_renders_the_local_bytes_even_when_a_worker_dies(tmp_path, face_png, ray_head):
+    jobs = make_jobs(tmp_path / "jobs", face_png, NAMES, seconds=2.0)
+    local = batch(jobs, "--out", tmp_path / "local", "--jobs", "2", *SMALL, cwd=tmp_path)
+    assert local.returncode == 0, local.stderr
+    want = by_name(summary(tmp_path / "local"))
+
+    plain = batch(jobs, "--out", tmp_path / "ray", *SMALL, f"--ray={ray_head}", cwd=tmp_path, **LOOPBACK)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "on Ray (127.0.0.1:" in plain.stdout
+    for name in NAMES:
+        assert sha256(tmp_path / "ray" / f"{name}.mp4") == sha256(tmp_path / "local" / f"{name}.mp4")
+
+    out = tmp_path / "ray-killed"
+    run = start_batch(jobs, "--out", out, *SMALL, f"--ray={ray_head}", cwd=tmp_path, **LOOPBACK)
+    try:
+        os.kill(wait_for_commit(out / "r1.mp4", proc=run), signal.SIGKILL)  # the Ray worker holding r1's journal lock
+        stdout, stderr = run.communicate(timeout=300)
+    finally:
+        run.kill()
+    assert run.returncode == 0, stdout + stderr
+    got = by_name(summary(out))
+    assert got["r1"]["status"] == "resumed" and got["r1"]["resumed_frames"] > 0  # Ray ran it again; it went on from the journal
+    assert got["r2"]["status"] == got["r3"]["status"] == "done"
+    for name in ("r2", "r3"):
+        assert sha256(out / f"{name}.mp4") == sha256(tmp_path / "local" / f"{name}.mp4")
+    # The resumed job has the uninterrupted job's frames and audio, chunk by chunk (hashes of the raw
+    # frames and samples); its file differs where the writer restarted its encoders (a keyframe at the join).
+    assert chunk_hashes(report_of(out, got["r1"])) == chunk_hashes(report_of(tmp_path / "local", want["r1"]))
+    assert frames_of(out / "r1.mp4") == 50
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def frames_of(path: Path) -> int:
+    with av.open(str(path)) as c:
+        return sum(1 for _ in c.decode(video=0))
