@@ -26,13 +26,25 @@ def env(**extra: str) -> dict:
 
 
 def batch(*args, cwd: Path, timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "avatar_render", "batch", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, env=env(**extra_env), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "avatar_render", "batch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env(**extra_env),
+        timeout=timeout,
+    )
 
 
 def start_batch(*args, cwd: Path, **extra_env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "avatar_render", "batch", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env(**extra_env))
+    return subprocess.Popen(
+        [sys.executable, "-m", "avatar_render", "batch", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=env(**extra_env),
+    )
 
 
 def make_jobs(folder: Path, face: Path, names: list[str], seconds: float = 1.0) -> Path:

@@ -16,8 +16,18 @@ from avatar_render.batch import BatchRequest, Shard, plan_batch
 from avatar_render.batch.shard import parse_shard, slurm_shard
 from avatar_render.batch.sources import pair_folder
 from avatar_render.errors import AvatarRenderError
-from tests.batch_util import (SMALL, batch, by_name, chunk_hashes, make_jobs, report_of, start_batch, state, summary,
-                              wait_for_commit)
+from tests.batch_util import (
+    SMALL,
+    batch,
+    by_name,
+    chunk_hashes,
+    make_jobs,
+    report_of,
+    start_batch,
+    state,
+    summary,
+    wait_for_commit,
+)
 from tests.media import speech_like, write_audio
 
 GOOD = ["anna", "ben", "chloe", "dev"]
@@ -99,8 +109,9 @@ def test_other_config_refuses_then_force_renders_again(six, tmp_path):
         before = state(out / "anna.mp4")
         other = batch(d / "jobs", "--out", out, *SMALL, "preview.head_motion=0", cwd=d)
         assert other.returncode == 1 and state(out / "anna.mp4") == before  # never replaced unasked
-        assert by_name(summary(out))["anna"]["reason"] == ("'anna.mp4' was rendered from other inputs or another config; "
-                                                          "pass --force to render it again.")
+        assert by_name(summary(out))["anna"]["reason"] == (
+            "'anna.mp4' was rendered from other inputs or another config; pass --force to render it again."
+        )
         forced = batch(d / "jobs", "--out", out, "--jobs", "2", "--force", *SMALL, "preview.head_motion=0", cwd=d)
         assert forced.returncode == 0, forced.stderr
         assert summary(out)["counts"]["done"] == 4 and state(out / "anna.mp4") != before
@@ -175,7 +186,8 @@ def test_manifest_rows_with_overrides_and_prompts(media):
     (media / "jobs.csv").write_text(
         "ref,audio,output,overrides,prompt\n"
         "in/face.png,in/talk.wav,en/intro.mp4,,\n"
-        'in/face.png,in/other.wav,,video.width=96 video.height=80 seed=4,"A calm voice, clearly: hello"\n')
+        'in/face.png,in/other.wav,,video.width=96 video.height=80 seed=4,"A calm voice, clearly: hello"\n'
+    )
     done = batch(media / "jobs.csv", "--out", media / "out", *SMALL, cwd=media)
     assert done.returncode == 0, done.stderr
     jobs = by_name(summary(media / "out"))
@@ -187,17 +199,56 @@ def test_manifest_rows_with_overrides_and_prompts(media):
     assert jobs["other"]["origin"] == "jobs.csv line 3"
 
 
-@pytest.mark.parametrize("name, text, message", [
-    ("bad.csv", "ref,audio\nin/face.png,in/talk.wav\nin/face.png,in/talk.wav,extra\n", "bad.csv line 3: more cells"),
-    ("bad.csv", "ref,audio\nin/face.png,in/talk.wav\nin/face.png,in/missing.wav\n", "bad.csv line 3: the audio 'in/missing.wav' does not exist"),
-    ("bad.csv", "ref,audio,overrides\nin/face.png,in/talk.wav,\nin/face.png,in/other.wav,video.wide=3\n", "bad.csv line 3: Unknown config key 'video.wide'"),
-    ("bad.csv", "ref,sound\nin/face.png,in/talk.wav\n", "bad.csv line 1: the header must name the columns ref and audio"),
-    ("bad.csv", "ref,audio,output\nin/face.png,in/talk.wav,a.mp4\nin/face.png,in/other.wav,a.mp4\n", "bad.csv line 3: its output 'a.mp4' is already written by the job of bad.csv line 2"),
-    ("bad.csv", "ref,audio,output\nin/face.png,in/talk.wav,a.avi\n", "bad.csv line 2: the output 'a.avi' must be a file name ending in .mp4"),
-    ("bad.jsonl", '{"ref": "in/face.png", "audio": "in/talk.wav"}\n\n{"ref": "in/face.png", "audio": \n', "bad.jsonl line 3: not valid JSON"),
-    ("bad.jsonl", '{"ref": "in/face.png", "audio": "in/talk.wav", "overides": ["seed=1"]}\n', "bad.jsonl line 1: unknown key 'overides'"),
-    ("bad.jsonl", '{"ref": "in/face.png", "audio": "in/talk.wav", "overrides": ["seed"]}\n', "bad.jsonl line 1: the override 'seed' is not of the form key=value"),
-])
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        (
+            "bad.csv",
+            "ref,audio\nin/face.png,in/talk.wav\nin/face.png,in/talk.wav,extra\n",
+            "bad.csv line 3: more cells",
+        ),
+        (
+            "bad.csv",
+            "ref,audio\nin/face.png,in/talk.wav\nin/face.png,in/missing.wav\n",
+            "bad.csv line 3: the audio 'in/missing.wav' does not exist",
+        ),
+        (
+            "bad.csv",
+            "ref,audio,overrides\nin/face.png,in/talk.wav,\nin/face.png,in/other.wav,video.wide=3\n",
+            "bad.csv line 3: Unknown config key 'video.wide'",
+        ),
+        (
+            "bad.csv",
+            "ref,sound\nin/face.png,in/talk.wav\n",
+            "bad.csv line 1: the header must name the columns ref and audio",
+        ),
+        (
+            "bad.csv",
+            "ref,audio,output\nin/face.png,in/talk.wav,a.mp4\nin/face.png,in/other.wav,a.mp4\n",
+            "bad.csv line 3: its output 'a.mp4' is already written by the job of bad.csv line 2",
+        ),
+        (
+            "bad.csv",
+            "ref,audio,output\nin/face.png,in/talk.wav,a.avi\n",
+            "bad.csv line 2: the output 'a.avi' must be a file name ending in .mp4",
+        ),
+        (
+            "bad.jsonl",
+            '{"ref": "in/face.png", "audio": "in/talk.wav"}\n\n{"ref": "in/face.png", "audio": \n',
+            "bad.jsonl line 3: not valid JSON",
+        ),
+        (
+            "bad.jsonl",
+            '{"ref": "in/face.png", "audio": "in/talk.wav", "overides": ["seed=1"]}\n',
+            "bad.jsonl line 1: unknown key 'overides'",
+        ),
+        (
+            "bad.jsonl",
+            '{"ref": "in/face.png", "audio": "in/talk.wav", "overrides": ["seed"]}\n',
+            "bad.jsonl line 1: the override 'seed' is not of the form key=value",
+        ),
+    ],
+)
 def test_bad_manifest_row_is_refused_with_its_line_before_anything_runs(media, name, text, message):
     (media / name).write_text(text)
     out = media / f"out-{abs(hash(text))}"
@@ -209,11 +260,16 @@ def test_bad_manifest_row_is_refused_with_its_line_before_anything_runs(media, n
 
 
 def test_jsonl_manifest_takes_overrides_as_a_mapping(media, tmp_path):
-    (media / "jobs.jsonl").write_text('{"ref": "in/face.png", "audio": "in/talk.wav", "output": "x.mp4", '
-                                      '"overrides": {"video.width": 48, "face.box": [10, 10, 100, 100]}}\n')
+    (media / "jobs.jsonl").write_text(
+        '{"ref": "in/face.png", "audio": "in/talk.wav", "output": "x.mp4", '
+        '"overrides": {"video.width": 48, "face.box": [10, 10, 100, 100]}}\n'
+    )
     plan = plan_batch(BatchRequest(source=media / "jobs.jsonl", out=tmp_path, overrides=SMALL))
     (job,) = plan.jobs
-    assert job.overrides == ("video.width=48", "face.box=[10, 10, 100, 100]") and job.output == (tmp_path / "x.mp4").resolve()
+    assert (
+        job.overrides == ("video.width=48", "face.box=[10, 10, 100, 100]")
+        and job.output == (tmp_path / "x.mp4").resolve()
+    )
     assert job.reference == (media / "in" / "face.png").resolve() and plan.decisions[job.key].action == "render"
 
 
@@ -247,18 +303,30 @@ def test_shards_are_disjoint_and_cover_the_manifest(media, tmp_path):
     everything = [j.output for j in plan_batch(BatchRequest(source=media / "many.csv", out=tmp_path)).jobs]
     assert len(everything) == 23
     for n in range(1, 8):
-        parts = [[j.output for j in plan_batch(BatchRequest(source=media / "many.csv", out=tmp_path, shard=Shard(i, n))).jobs]
-                 for i in range(n)]
+        parts = [
+            [
+                j.output
+                for j in plan_batch(BatchRequest(source=media / "many.csv", out=tmp_path, shard=Shard(i, n))).jobs
+            ]
+            for i in range(n)
+        ]
         assert sorted(sum(parts, [])) == sorted(everything)  # covering, and no job twice
         assert max(map(len, parts)) - min(map(len, parts)) <= 1
-        again = [[j.output for j in plan_batch(BatchRequest(source=media / "many.csv", out=tmp_path, shard=Shard(i, n))).jobs]
-                 for i in range(n)]
+        again = [
+            [
+                j.output
+                for j in plan_batch(BatchRequest(source=media / "many.csv", out=tmp_path, shard=Shard(i, n))).jobs
+            ]
+            for i in range(n)
+        ]
         assert again == parts  # deterministic
     assert parse_shard("2/5") == Shard(2, 5)
     for bad in ("5/5", "1", "a/b", "-1/3"):
         with pytest.raises(AvatarRenderError, match="--shard"):
             parse_shard(bad)
-    assert slurm_shard({"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "3"}) == Shard(2, 4)
+    assert slurm_shard(
+        {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "3"}
+    ) == Shard(2, 4)
     assert slurm_shard({}) is None
     with pytest.raises(AvatarRenderError, match="consecutive"):
         slurm_shard({"SLURM_ARRAY_TASK_ID": "9", "SLURM_ARRAY_TASK_COUNT": "4"})

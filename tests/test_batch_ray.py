@@ -18,11 +18,24 @@ from pathlib import Path
 import av
 import pytest
 
-from tests.batch_util import SMALL, batch, by_name, chunk_hashes, env, make_jobs, report_of, start_batch, summary, wait_for_commit
+from tests.batch_util import (
+    SMALL,
+    batch,
+    by_name,
+    chunk_hashes,
+    env,
+    make_jobs,
+    report_of,
+    start_batch,
+    summary,
+    wait_for_commit,
+)
 
 pytest.importorskip("ray", reason="the Ray launcher is an optional extra: pip install -e '.[ray]'")
 
-LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray's single-machine mode: it binds 127.0.0.1, not the node's address
+LOOPBACK = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"
+}  # Ray's single-machine mode: it binds 127.0.0.1, not the node's address
 NAMES = ["r1", "r2", "r3"]
 
 
@@ -42,10 +55,25 @@ def ray_head():
     port = free_port()
     temp = tempfile.mkdtemp(prefix="avr-ray-")  # short: Ray's socket paths must fit in 107 bytes
     log = open(Path(temp) / "head.log", "w")
-    head = subprocess.Popen([ray, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
-                             "--include-dashboard=false", "--disable-usage-stats", "--object-store-memory=100000000",
-                             f"--temp-dir={temp}"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=env(**LOOPBACK, AVATAR_TEST_CHUNK_DELAY="0.25"))
+    head = subprocess.Popen(
+        [
+            ray,
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--object-store-memory=100000000",
+            f"--temp-dir={temp}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env(**LOOPBACK, AVATAR_TEST_CHUNK_DELAY="0.25"),
+    )
     try:
         deadline = time.monotonic() + 120
         while "Ray runtime started" not in (Path(temp) / "head.log").read_text():
@@ -95,7 +123,9 @@ def test_ray_renders_the_local_bytes_even_when_a_worker_dies(tmp_path, face_png,
         run.kill()
     assert run.returncode == 0, stdout + stderr
     got = by_name(summary(out))
-    assert got["r1"]["status"] == "resumed" and got["r1"]["resumed_frames"] > 0  # Ray ran it again; it went on from the journal
+    assert (
+        got["r1"]["status"] == "resumed" and got["r1"]["resumed_frames"] > 0
+    )  # Ray ran it again; it went on from the journal
     assert got["r2"]["status"] == got["r3"]["status"] == "done"
     for name in ("r2", "r3"):
         assert sha256(out / f"{name}.mp4") == sha256(tmp_path / "local" / f"{name}.mp4")

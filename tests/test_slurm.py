@@ -28,13 +28,20 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-@pytest.mark.skipif(bool(MISSING), reason=f"Slurm is not installed (no {', '.join(MISSING)}): apt-get install -y slurm-wlm munge")
+@pytest.mark.skipif(
+    bool(MISSING), reason=f"Slurm is not installed (no {', '.join(MISSING)}): apt-get install -y slurm-wlm munge"
+)
 @pytest.mark.skipif(os.geteuid() != 0, reason="the single-node Slurm's daemons run as root")
 def test_slurm_array_over_a_manifest(tmp_path):
     ctld, slurmd = free_ports(2)
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_check.sh"), str(tmp_path)], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, env={**os.environ, "PYTHON": sys.executable,
-                                                      "SLURMCTLD_PORT": str(ctld), "SLURMD_PORT": str(slurmd)})
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "slurm_check.sh"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable, "SLURMCTLD_PORT": str(ctld), "SLURMD_PORT": str(slurmd)},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.rstrip().endswith("Slurm check passed"), done.stdout
     assert not (tmp_path / "slurm" / "slurmctld.pid").exists()  # the daemons were stopped

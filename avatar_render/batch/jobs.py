@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -61,7 +61,6 @@ class Outcome:
     wall_s: float = 0.0  # this run's time on the job
     resumed_frames: int = 0
     report: Optional[Path] = None  # the job's JSON render report
-    details: dict[str, Any] = field(default_factory=dict, compare=False)  # extra fields for the summary
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status

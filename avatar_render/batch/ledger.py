@@ -58,7 +58,11 @@ def config_digest(cfg: Config) -> str:
 
 def identity(config: str, reference: dict[str, Any], audio: dict[str, Any]) -> str:
     """What decides an output's content: the config and the inputs' content (not their names or times)."""
-    parts = {"config": config, "reference": [reference["size"], reference["sha256"]], "audio": [audio["size"], audio["sha256"]]}
+    parts = {
+        "config": config,
+        "reference": [reference["size"], reference["sha256"]],
+        "audio": [audio["size"], audio["sha256"]],
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -85,8 +89,14 @@ class Ledger:
 
     def put(self, job: Job, **record: Any) -> None:
         path = self._path(job)
-        data = {"name": job.name, "output": str(job.output), "reference": str(job.reference), "audio": str(job.audio),
-                "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **record}
+        data = {
+            "name": job.name,
+            "output": str(job.output),
+            "reference": str(job.reference),
+            "audio": str(job.audio),
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **record,
+        }
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -103,16 +113,27 @@ class Ledger:
         record = self.get(job) or {}
         if job.output.exists():
             if record.get("status") != "done":
-                return Decision("refuse", f"'{job.output.name}' already exists and was not rendered by this batch; "
-                                          "pass --force to replace it.")
+                return Decision(
+                    "refuse",
+                    f"'{job.output.name}' already exists and was not rendered by this batch; "
+                    "pass --force to replace it.",
+                )
             if record.get("identity") != ident:
-                return Decision("refuse", f"'{job.output.name}' was rendered from other inputs or another config; "
-                                          "pass --force to render it again.")
+                return Decision(
+                    "refuse",
+                    f"'{job.output.name}' was rendered from other inputs or another config; "
+                    "pass --force to render it again.",
+                )
             if record.get("output_stat") != file_stat(job.output):
-                return Decision("refuse", f"'{job.output.name}' was changed after this batch rendered it; "
-                                          "pass --force to render it again.")
+                return Decision(
+                    "refuse",
+                    f"'{job.output.name}' was changed after this batch rendered it; pass --force to render it again.",
+                )
             return Decision("skip", "complete, with the same inputs and config")
         if partial_exists and record.get("identity") not in (None, ident):
-            return Decision("refuse", f"a partial render of '{job.output.name}' from other inputs or another config is in the "
-                                      "way; pass --force to start it over.")
+            return Decision(
+                "refuse",
+                f"a partial render of '{job.output.name}' from other inputs or another config is in the "
+                "way; pass --force to start it over.",
+            )
         return Decision("render")

@@ -30,7 +30,9 @@ def read_manifest(path: Path, *, out_dir: Path) -> tuple[Job, ...]:
         where = f"{path.name} line {line}"
         job = _job(row, where=where, base=path.parent, out_dir=Path(out_dir))
         if job.output in seen:
-            raise AvatarRenderError(f"{where}: its output '{job.output.name}' is already written by the job of {seen[job.output]}.")
+            raise AvatarRenderError(
+                f"{where}: its output '{job.output.name}' is already written by the job of {seen[job.output]}."
+            )
         if job.output in (job.reference, job.audio):
             raise AvatarRenderError(f"{where}: its output is one of its inputs.")
         seen[job.output] = where
@@ -52,8 +54,10 @@ def _csv_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     header = [name.strip().lower() for name in reader.fieldnames or ()]
     unknown = [name for name in header if name not in COLUMNS]
     if unknown or not {"ref", "audio"} <= set(header):
-        raise AvatarRenderError(f"{path.name} line 1: the header must name the columns ref and audio (and may add "
-                                f"output, overrides, prompt); it has {', '.join(header) or 'none'}.")
+        raise AvatarRenderError(
+            f"{path.name} line 1: the header must name the columns ref and audio (and may add "
+            f"output, overrides, prompt); it has {', '.join(header) or 'none'}."
+        )
     reader.fieldnames = header
     rows = []
     for row in reader:
@@ -76,7 +80,9 @@ def _jsonl_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
             raise AvatarRenderError(f"{path.name} line {number}: a row must be a JSON object with ref and audio.")
         unknown = sorted(set(row) - set(COLUMNS))
         if unknown:
-            raise AvatarRenderError(f"{path.name} line {number}: unknown key '{unknown[0]}' (known: {', '.join(COLUMNS)}).")
+            raise AvatarRenderError(
+                f"{path.name} line {number}: unknown key '{unknown[0]}' (known: {', '.join(COLUMNS)})."
+            )
         rows.append((number, row))
     return rows
 
@@ -105,7 +111,9 @@ def _job(row: dict[str, Any], *, where: str, base: Path, out_dir: Path) -> Job:
         name = str(target.relative_to(out_dir.resolve()).with_suffix(""))
     except ValueError:  # an absolute output elsewhere
         name = str(target.with_suffix(""))
-    return Job(name=name, reference=paths["ref"], audio=paths["audio"], output=target, overrides=overrides, origin=where)
+    return Job(
+        name=name, reference=paths["ref"], audio=paths["audio"], output=target, overrides=overrides, origin=where
+    )
 
 
 def _overrides(value: Any, *, where: str) -> tuple[str, ...]:

@@ -81,8 +81,9 @@ class LocalPool:
         if self.devices is not None:
             assert len(self.devices) >= workers * procs_per_job
 
-    def run(self, tasks: Sequence[Task], *, on_event: OnEvent, on_finished: OnFinished,
-            should_stop: Callable[[], bool]) -> bool:
+    def run(
+        self, tasks: Sequence[Task], *, on_event: OnEvent, on_finished: OnFinished, should_stop: Callable[[], bool]
+    ) -> bool:
         """Run every task (or, once ``should_stop()`` turns true, let the running ones stop after their
         current chunk and start no more); returns whether the batch was stopped."""
         pending, running = deque(tasks), {}
@@ -139,8 +140,15 @@ class LocalPool:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.devices[slot * self.procs : (slot + 1) * self.procs])
         task.log.parent.mkdir(parents=True, exist_ok=True)
         with open(task.log, "w") as log:
-            proc = subprocess.Popen(worker_command(task.spec, procs=self.procs), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=log, text=True, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                worker_command(task.spec, procs=self.procs),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
         running = _Running(task, proc, slot)
         threading.Thread(target=_read, args=(proc.stdout, id(task), events), daemon=True).start()
         return running
@@ -149,8 +157,15 @@ class LocalPool:
     def _handle(r: _Running, event: dict, on_event: OnEvent) -> None:
         kind, job = event.get("event"), r.task.job
         if kind == "progress":
-            on_event(JobProgress(job, frames_done=event["frames_done"], frames_total=event["frames_total"],
-                                 frames_resumed=event.get("frames_resumed", 0), elapsed_s=event["elapsed_s"]))
+            on_event(
+                JobProgress(
+                    job,
+                    frames_done=event["frames_done"],
+                    frames_total=event["frames_total"],
+                    frames_resumed=event.get("frames_resumed", 0),
+                    elapsed_s=event["elapsed_s"],
+                )
+            )
         elif kind == "message":
             on_event(JobMessage(job, level=event["level"], text=event["text"]))
         else:
@@ -162,7 +177,7 @@ def _read(stream, key: int, events: queue.Queue) -> None:
     for line in stream:
         if line.startswith(EVENT_PREFIX):
             try:
-                events.put((key, json.loads(line[len(EVENT_PREFIX):])))
+                events.put((key, json.loads(line[len(EVENT_PREFIX) :])))
             except ValueError:
                 pass
     events.put((key, None))

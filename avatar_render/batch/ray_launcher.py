@@ -12,9 +12,9 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from avatar_render.batch.events import JobMessage, JobProgress, JobStarted, OnEvent, Stopping
+from avatar_render.batch.library import StopNow
 from avatar_render.batch.pool import POLL_S, OnFinished, Task
 from avatar_render.errors import AvatarRenderError
-from avatar_render.batch.library import StopNow
 
 
 def _ray():
@@ -59,20 +59,39 @@ def _task(spec_json: dict, key: str, control: Any) -> dict:
     return run_job(JobSpec.from_json(spec_json), emit=emit, should_stop=lambda: ray.get(control.stopping.remote()) > 0)
 
 
-def run_on_ray(tasks: Sequence[Task], *, address: Optional[str], cpus_per_job: float, gpus_per_job: float,
-               retries: int, on_event: OnEvent, on_finished: OnFinished, should_stop: Callable[[], bool]) -> bool:
+def run_on_ray(
+    tasks: Sequence[Task],
+    *,
+    address: Optional[str],
+    cpus_per_job: float,
+    gpus_per_job: float,
+    retries: int,
+    on_event: OnEvent,
+    on_finished: OnFinished,
+    should_stop: Callable[[], bool],
+) -> bool:
     """Submit every task, report as they go; returns whether the batch was stopped."""
     ray = _ray()
     try:
         ray.init(address=address or None, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        raise AvatarRenderError(f"Cannot reach the Ray cluster{f' at {address}' if address else ''}: {str(e).splitlines()[0]}") from None
+        raise AvatarRenderError(
+            f"Cannot reach the Ray cluster{f' at {address}' if address else ''}: {str(e).splitlines()[0]}"
+        ) from None
     try:
         control = ray.remote(num_cpus=0)(_Control).remote()
         remote = ray.remote(_task)
         by_key = {t.job.key: t for t in tasks}
-        refs = {remote.options(num_cpus=cpus_per_job, num_gpus=gpus_per_job, max_retries=retries, retry_exceptions=False,
-                               name=f"avatar-render {t.job.name}").remote(t.spec.to_json(), t.job.key, control): t for t in tasks}
+        refs = {
+            remote.options(
+                num_cpus=cpus_per_job,
+                num_gpus=gpus_per_job,
+                max_retries=retries,
+                retry_exceptions=False,
+                name=f"avatar-render {t.job.name}",
+            ).remote(t.spec.to_json(), t.job.key, control): t
+            for t in tasks
+        }
         started: dict[str, float] = {}
         stopped = at_once = False
         while refs:
@@ -111,8 +130,15 @@ def _report(task: Task, event: dict, started: dict[str, float], on_event: OnEven
             started[job.key] = time.monotonic()
             on_event(JobStarted(job))
     elif kind == "progress":
-        on_event(JobProgress(job, frames_done=event["frames_done"], frames_total=event["frames_total"],
-                             frames_resumed=event.get("frames_resumed", 0), elapsed_s=event["elapsed_s"]))
+        on_event(
+            JobProgress(
+                job,
+                frames_done=event["frames_done"],
+                frames_total=event["frames_total"],
+                frames_resumed=event.get("frames_resumed", 0),
+                elapsed_s=event["elapsed_s"],
+            )
+        )
     elif kind == "message":
         on_event(JobMessage(job, level=event["level"], text=event["text"]))
 
@@ -125,8 +151,11 @@ def _final(ray, ref, retries: int, *, started: bool) -> dict:
             return {"event": "stopped", "reason": "Stopped at once with the batch; run it again to resume."}
         return {"event": "not run", "reason": "The batch was stopped before this job started."}
     except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.LocalRayletDiedError) as e:
-        return {"event": "failed", "reason": f"The Ray worker rendering this job died {retries + 1} times "
-                                             f"({type(e).__name__}); run the batch again to resume it from its journal."}
+        return {
+            "event": "failed",
+            "reason": f"The Ray worker rendering this job died {retries + 1} times "
+            f"({type(e).__name__}); run the batch again to resume it from its journal.",
+        }
     except ray.exceptions.RayError as e:
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         return {"event": "failed", "reason": f"The Ray task failed: {first.strip()[:300]}"}

@@ -34,7 +34,9 @@ def parse_shard(text: str) -> Shard:
     try:
         index, count = (int(v) for v in text.split("/"))
     except ValueError:
-        raise AvatarRenderError(f"--shard takes I/N, for example 0/4 for the first of four parts; got '{text}'.") from None
+        raise AvatarRenderError(
+            f"--shard takes I/N, for example 0/4 for the first of four parts; got '{text}'."
+        ) from None
     if count < 1 or not 0 <= index < count:
         raise AvatarRenderError(f"--shard {text}: I must be between 0 and N-1 (the first of four parts is 0/4).")
     return Shard(index, count)
@@ -50,6 +52,8 @@ def slurm_shard(env: Mapping[str, str] = os.environ) -> Optional[Shard]:
     except ValueError:
         raise AvatarRenderError("SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT must be numbers.") from None
     if count < 1 or not 0 <= index < count:
-        raise AvatarRenderError(f"Slurm array task {env['SLURM_ARRAY_TASK_ID']} is not one of {count} consecutive tasks; "
-                                "submit the batch with a range such as --array=0-3, or pass --shard I/N.")
+        raise AvatarRenderError(
+            f"Slurm array task {env['SLURM_ARRAY_TASK_ID']} is not one of {count} consecutive tasks; "
+            "submit the batch with a range such as --array=0-3, or pass --shard I/N."
+        )
     return Shard(index, count)

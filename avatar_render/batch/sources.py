@@ -30,9 +30,13 @@ def load_jobs(source: Path, *, out_dir: Path, ref: Optional[Path] = None) -> Job
     if source.is_dir():
         return pair_folder(source, out_dir=out_dir, ref=ref)
     if ref is not None:
-        raise AvatarRenderError("--ref is for a folder of audio files; a manifest names each job's reference in its ref column.")
+        raise AvatarRenderError(
+            "--ref is for a folder of audio files; a manifest names each job's reference in its ref column."
+        )
     if source.suffix.lower() not in MANIFEST_SUFFIXES:
-        raise AvatarRenderError(f"The batch source '{source}' is neither a folder nor a manifest ({', '.join(sorted(MANIFEST_SUFFIXES))}).")
+        raise AvatarRenderError(
+            f"The batch source '{source}' is neither a folder nor a manifest ({', '.join(sorted(MANIFEST_SUFFIXES))})."
+        )
     return JobList(jobs=read_manifest(source, out_dir=out_dir))
 
 
@@ -40,7 +44,9 @@ def pair_folder(folder: Path, *, out_dir: Path, ref: Optional[Path] = None) -> J
     """One job per stem with exactly one reference (image or video) and one audio file, or with ``ref``
     one job per audio file. Outputs are ``OUT_DIR/STEM.mp4``. Subfolders and hidden files are not read."""
     if Path(out_dir).resolve() == folder.resolve():
-        raise AvatarRenderError(f"Give an output folder other than the source folder '{folder}' (its videos would be read as references).")
+        raise AvatarRenderError(
+            f"Give an output folder other than the source folder '{folder}' (its videos would be read as references)."
+        )
     if ref is not None and not Path(ref).is_file():
         raise AvatarRenderError(f"The reference '{ref}' does not exist.")
     refs: dict[str, list[Path]] = defaultdict(list)
@@ -64,9 +70,20 @@ def pair_folder(folder: Path, *, out_dir: Path, ref: Optional[Path] = None) -> J
         if pair is None:
             unpaired += audio_files if ref is not None else ref_files + audio_files
             continue
-        jobs.append(Job(name=stem, reference=pair[0].resolve(), audio=pair[1].resolve(),
-                        output=(Path(out_dir) / f"{stem}.mp4").resolve(), origin=f"folder '{folder.name}'"))
+        jobs.append(
+            Job(
+                name=stem,
+                reference=pair[0].resolve(),
+                audio=pair[1].resolve(),
+                output=(Path(out_dir) / f"{stem}.mp4").resolve(),
+                origin=f"folder '{folder.name}'",
+            )
+        )
     if not jobs:
-        what = "an audio file" if ref is not None else "a reference and an audio file of the same name (anna.png + anna.wav)"
+        what = (
+            "an audio file"
+            if ref is not None
+            else "a reference and an audio file of the same name (anna.png + anna.wav)"
+        )
         raise AvatarRenderError(f"The folder '{folder}' holds no job: it needs {what}.")
     return JobList(jobs=tuple(jobs), unpaired=tuple(unpaired))

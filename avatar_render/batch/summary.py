@@ -41,20 +41,33 @@ def counts(outcomes: Sequence[Outcome]) -> dict[str, int]:
     return {status: seen.get(status, 0) for status in STATUSES}
 
 
-def summary_record(outcomes: Sequence[Outcome], *, meta: dict[str, Any], out_dir: Path,
-                   thumbs: dict[str, Optional[Path]]) -> dict[str, Any]:
+def summary_record(
+    outcomes: Sequence[Outcome], *, meta: dict[str, Any], out_dir: Path, thumbs: dict[str, Optional[Path]]
+) -> dict[str, Any]:
     def rel(path: Optional[Path]) -> Optional[str]:
         return None if path is None else os.path.relpath(path, out_dir)
 
     jobs = []
     for o in outcomes:
-        jobs.append({
-            "name": o.job.name, "status": o.status, "reason": o.reason, "origin": o.job.origin,
-            "reference": str(o.job.reference), "audio": str(o.job.audio), "output": str(o.job.output),
-            "overrides": list(o.job.overrides), "frames": o.frames, "duration_s": o.duration_s,
-            "generated_fps": o.generated_fps, "wall_s": o.wall_s, "resumed_frames": o.resumed_frames,
-            "report": rel(o.report), "thumbnail": rel(thumbs.get(o.job.key)), **o.details,
-        })
+        jobs.append(
+            {
+                "name": o.job.name,
+                "status": o.status,
+                "reason": o.reason,
+                "origin": o.job.origin,
+                "reference": str(o.job.reference),
+                "audio": str(o.job.audio),
+                "output": str(o.job.output),
+                "overrides": list(o.job.overrides),
+                "frames": o.frames,
+                "duration_s": o.duration_s,
+                "generated_fps": o.generated_fps,
+                "wall_s": o.wall_s,
+                "resumed_frames": o.resumed_frames,
+                "report": rel(o.report),
+                "thumbnail": rel(thumbs.get(o.job.key)),
+            }
+        )
     return {**meta, "counts": counts(outcomes), "failed": sum(o.status == "failed" for o in outcomes), "jobs": jobs}
 
 
@@ -62,7 +75,10 @@ def write_summary(record: dict[str, Any], json_path: Path) -> tuple[Path, Path]:
     """``json_path`` and the HTML page beside it (same name, .html)."""
     html_path = json_path.with_suffix(".html")
     try:
-        for path, text in ((json_path, json.dumps(record, indent=1) + "\n"), (html_path, page(record, json_path.parent))):
+        for path, text in (
+            (json_path, json.dumps(record, indent=1) + "\n"),
+            (html_path, page(record, json_path.parent)),
+        ):
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_text(text, encoding="utf-8")
             os.replace(tmp, path)
@@ -71,7 +87,14 @@ def write_summary(record: dict[str, Any], json_path: Path) -> tuple[Path, Path]:
     return json_path, html_path
 
 
-_COLOURS = {"done": "#1a7f37", "resumed": "#1a7f37", "skipped": "#57606a", "failed": "#cf222e", "stopped": "#9a6700", "not run": "#9a6700"}
+_COLOURS = {
+    "done": "#1a7f37",
+    "resumed": "#1a7f37",
+    "skipped": "#57606a",
+    "failed": "#cf222e",
+    "stopped": "#9a6700",
+    "not run": "#9a6700",
+}
 _STYLE = """body{font:14px system-ui,sans-serif;margin:2em;color:#1f2328}table{border-collapse:collapse}
 td,th{padding:6px 12px;border-bottom:1px solid #d0d7de;text-align:left;vertical-align:middle}
 th{background:#f6f8fa}img{display:block;border-radius:4px}.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -84,18 +107,32 @@ def page(record: dict[str, Any], folder: Path) -> str:
     for job in record["jobs"]:
         output = os.path.relpath(job["output"], folder)
         thumb = job.get("thumbnail")
-        image = f'<a href="{e(output)}"><img src="{e(thumb)}" width="{THUMB_WIDTH}" alt="{e(job["name"])}"></a>' if thumb else ""
-        name = f'<a href="{e(output)}">{e(job["name"])}</a>' if job["status"] in ("done", "resumed", "skipped") else e(job["name"])
+        image = (
+            f'<a href="{e(output)}"><img src="{e(thumb)}" width="{THUMB_WIDTH}" alt="{e(job["name"])}"></a>'
+            if thumb
+            else ""
+        )
+        name = (
+            f'<a href="{e(output)}">{e(job["name"])}</a>'
+            if job["status"] in ("done", "resumed", "skipped")
+            else e(job["name"])
+        )
         rows.append(
-            f'<tr><td>{image}</td><td>{name}</td>'
+            f"<tr><td>{image}</td><td>{name}</td>"
             f'<td class="status" style="color:{_COLOURS.get(job["status"], "#1f2328")}">{e(job["status"])}</td>'
             f'<td class="num">{job["duration_s"]:.1f} s</td><td class="num">{job["frames"]}</td>'
             f'<td class="num">{job["generated_fps"]:.1f}</td><td class="num">{job["wall_s"]:.1f} s</td>'
-            f'<td class="reason">{e(job["reason"])}</td></tr>')
+            f'<td class="reason">{e(job["reason"])}</td></tr>'
+        )
     tally = ", ".join(f"{n} {s}" for s, n in record["counts"].items() if n)
     title = f"avatar-render batch: {record.get('source', '')}"
-    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title><style>{_STYLE}</style></head>\n'
-            f'<body><h1>{e(title)}</h1><p>{e(tally)} &middot; {e(record.get("finished", ""))}'
-            f'{" &middot; shard " + e(record["shard"]) if record.get("shard") else ""}</p>\n'
-            '<table><tr><th></th><th>job</th><th>status</th><th>duration</th><th>frames</th><th>fps</th><th>time</th><th>reason</th></tr>\n'
-            + "\n".join(rows) + "\n</table></body></html>\n")
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{e(title)}</title><style>{_STYLE}</style></head>\n"
+        f"<body><h1>{e(title)}</h1><p>{e(tally)} &middot; {e(record.get('finished', ''))}"
+        f"{' &middot; shard ' + e(record['shard']) if record.get('shard') else ''}</p>\n"
+        "<table><tr><th></th><th>job</th><th>status</th><th>duration</th><th>frames</th><th>fps</th>"
+        "<th>time</th><th>reason</th></tr>\n"
+        + "\n".join(rows)
+        + "\n</table></body></html>\n"
+    )

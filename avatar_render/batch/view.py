@@ -14,13 +14,22 @@ from rich.table import Table
 from avatar_render.batch.events import Event, JobFinished, JobMessage, JobProgress, JobStarted, Planned, Stopping
 from avatar_render.batch.jobs import Outcome
 
-_STYLE = {"done": "green", "resumed": "green", "skipped": "dim", "failed": "red", "stopped": "yellow", "not run": "yellow"}
+_STYLE = {
+    "done": "green",
+    "resumed": "green",
+    "skipped": "dim",
+    "failed": "red",
+    "stopped": "yellow",
+    "not run": "yellow",
+}
 
 
 class BatchView:
     """A context manager whose ``on_event`` drives the view; ``warn`` and ``info`` print a line."""
 
-    def __init__(self, console: Console, *, warn: Callable[[str], None], info: Callable[[str], None], live: bool = True) -> None:
+    def __init__(
+        self, console: Console, *, warn: Callable[[str], None], info: Callable[[str], None], live: bool = True
+    ) -> None:
         self.console, self.warn, self.info, self.live = console, warn, info, live
         self.bar: Optional[Progress] = None
         self.batch: Optional[TaskID] = None
@@ -40,7 +49,9 @@ class BatchView:
         if isinstance(event, Planned):
             self._planned(event)
         elif isinstance(event, JobStarted) and self.bar is not None:
-            self.lines[event.job.key] = self.bar.add_task(event.job.name, total=None, what=f"  {escape(event.job.name)}", frames="")
+            self.lines[event.job.key] = self.bar.add_task(
+                event.job.name, total=None, what=f"  {escape(event.job.name)}", frames=""
+            )
         elif isinstance(event, JobProgress):
             self._progress(event)
         elif isinstance(event, JobMessage):
@@ -48,8 +59,11 @@ class BatchView:
         elif isinstance(event, JobFinished):
             self._finished(event.outcome)
         elif isinstance(event, Stopping):
-            self.warn("stopping at once." if event.at_once else
-                      "stopping after the running jobs' current chunks; press Ctrl-C again to stop at once.")
+            self.warn(
+                "stopping at once."
+                if event.at_once
+                else "stopping after the running jobs' current chunks; press Ctrl-C again to stop at once."
+            )
 
     def _planned(self, p: Planned) -> None:
         for path in p.unpaired:
@@ -61,22 +75,35 @@ class BatchView:
         self.info(f"{len(p.to_run)} jobs to render{skipped}{side_by_side} on {p.where}.")
         self.total = len(p.to_run)
         if self.live and p.to_run:
-            self.bar = Progress(TextColumn("{task.fields[what]}"), BarColumn(), TextColumn("{task.fields[frames]}"),
-                                TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True)
+            self.bar = Progress(
+                TextColumn("{task.fields[what]}"),
+                BarColumn(),
+                TextColumn("{task.fields[frames]}"),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
             self.bar.__enter__()
             self.batch = self.bar.add_task("batch", total=self.total, what="[bold]batch[/]", frames="")
             self._batch_line(0)
 
     def _batch_line(self, done: int) -> None:
-        self.bar.update(self.batch, completed=done, frames=f"{done}/{self.total} jobs, {sum(self.frames.values())} frames")
+        self.bar.update(
+            self.batch, completed=done, frames=f"{done}/{self.total} jobs, {sum(self.frames.values())} frames"
+        )
 
     def _progress(self, e: JobProgress) -> None:
         self.frames[e.job.key] = e.frames_done - e.frames_resumed
         if self.bar is None or e.job.key not in self.lines:
             return
         fps = (e.frames_done - e.frames_resumed) / max(e.elapsed_s, 1e-9)
-        self.bar.update(self.lines[e.job.key], completed=e.frames_done, total=e.frames_total,
-                        frames=f"{e.frames_done}/{e.frames_total or '?'} frames, {fps:.0f} fps")
+        self.bar.update(
+            self.lines[e.job.key],
+            completed=e.frames_done,
+            total=e.frames_total,
+            frames=f"{e.frames_done}/{e.frames_total or '?'} frames, {fps:.0f} fps",
+        )
         self._batch_line(self.bar.tasks[self.batch].completed)
 
     def _finished(self, o: Outcome) -> None:
@@ -85,16 +112,31 @@ class BatchView:
             if line is not None:
                 self.bar.remove_task(line)
             self._batch_line(self.bar.tasks[self.batch].completed + 1)
-        text = f"{o.job.name}: {o.status}" + (f" ({o.reason})" if o.reason else f", {o.duration_s:.1f} s in {o.wall_s:.1f} s")
+        text = f"{o.job.name}: {o.status}" + (
+            f" ({o.reason})" if o.reason else f", {o.duration_s:.1f} s in {o.wall_s:.1f} s"
+        )
         (self.warn if o.status in ("failed", "stopped") else self.info)(text)
 
 
 def outcome_table(outcomes: Sequence[Outcome]) -> Table:
-    table = Table("job", "status", "duration", "fps", "time", "reason", box=box.SIMPLE_HEAD,
-                  caption="duration: of the video; fps: frames generated per second; time: this run's wall time")
+    table = Table(
+        "job",
+        "status",
+        "duration",
+        "fps",
+        "time",
+        "reason",
+        box=box.SIMPLE_HEAD,
+        caption="duration: of the video; fps: frames generated per second; time: this run's wall time",
+    )
     for o in outcomes:
         ran = o.status in ("done", "resumed")
-        table.add_row(escape(o.job.name), f"[{_STYLE[o.status]}]{o.status}[/]",
-                      f"{o.duration_s:.1f} s" if o.frames else "", f"{o.generated_fps:.1f}" if ran else "",
-                      f"{o.wall_s:.1f} s" if ran or o.wall_s else "", escape(o.reason) if o.status != "skipped" else "")
+        table.add_row(
+            escape(o.job.name),
+            f"[{_STYLE[o.status]}]{o.status}[/]",
+            f"{o.duration_s:.1f} s" if o.frames else "",
+            f"{o.generated_fps:.1f}" if ran else "",
+            f"{o.wall_s:.1f} s" if ran or o.wall_s else "",
+            escape(o.reason) if o.status != "skipped" else "",
+        )
     return table

@@ -41,7 +41,9 @@ def run_job(spec: JobSpec, *, emit: Emit, should_stop: Optional[Callable[[], boo
     try:
         cfg = load_config(Path(spec.config) if spec.config else None, tuple(spec.overrides))
         force = spec.force
-        resume = spec.resume and partial_path(Path(spec.output)).exists()  # (else it would say there is nothing to resume)
+        resume = (
+            spec.resume and partial_path(Path(spec.output)).exists()
+        )  # (else it would say there is nothing to resume)
         if spec.retry_marker is not None:
             marker = Path(spec.retry_marker)
             if marker.exists():  # an earlier attempt of this job died: go on from its journal
@@ -49,8 +51,15 @@ def run_job(spec: JobSpec, *, emit: Emit, should_stop: Optional[Callable[[], boo
             else:
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.touch()
-        request = RenderRequest(reference=Path(spec.reference), audio=Path(spec.audio), output=Path(spec.output),
-                                config=cfg, force=force, resume=resume, report=Path(spec.report))
+        request = RenderRequest(
+            reference=Path(spec.reference),
+            audio=Path(spec.audio),
+            output=Path(spec.output),
+            config=cfg,
+            force=force,
+            resume=resume,
+            report=Path(spec.report),
+        )
         report = render(request, on_progress=on_progress, on_message=on_message, should_stop=should_stop)
     except AvatarRenderError as e:
         return {"event": "failed", "reason": str(e)}
