@@ -71,7 +71,7 @@ class BatchView:
         for o in p.refused:
             self.warn(f"{o.job.name}: {o.reason}")
         skipped = f", {len(p.skipped)} already done" if p.skipped else ""
-        side_by_side = f", {p.workers} at a time" if p.workers else ""
+        side_by_side = f", {p.workers} at a time" if p.workers and p.to_run else ""
         self.info(f"{len(p.to_run)} jobs to render{skipped}{side_by_side} on {p.where}.")
         self.total = len(p.to_run)
         if self.live and p.to_run:
