@@ -17,6 +17,7 @@ from avatar_render.batch.shard import parse_shard, slurm_shard
 from avatar_render.batch.sources import pair_folder
 from avatar_render.errors import AvatarRenderError
 from tests.batch_util import (
+    ROOT,
     SMALL,
     batch,
     by_name,
@@ -330,3 +331,15 @@ def test_shards_are_disjoint_and_cover_the_manifest(media, tmp_path):
     assert slurm_shard({}) is None
     with pytest.raises(AvatarRenderError, match="consecutive"):
         slurm_shard({"SLURM_ARRAY_TASK_ID": "9", "SLURM_ARRAY_TASK_COUNT": "4"})
+
+
+def test_each_job_under_torchrun_over_several_processes(tmp_path, face_png):
+    """--procs-per-job 2: each job is one request across two processes (the GPU variant's path; here
+    gloo on the CPU with the tiny diffusion model)."""
+    jobs = make_jobs(tmp_path / "jobs", face_png, ["t"], seconds=0.6)
+    done = batch(
+        jobs, "--out", tmp_path / "out", "-c", ROOT / "configs" / "tiny.yaml", "--procs-per-job", "2", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (job,) = summary(tmp_path / "out")["jobs"]
+    assert job["status"] == "done" and job["processes"] == 2 and frames_of(tmp_path / "out" / "t.mp4") == 15

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 STATUSES = ("done", "resumed", "skipped", "failed", "stopped", "not run")
+EVENT_PREFIX = "@avatar-batch "  # marks the worker's JSON event lines on its stdout (see ``worker``)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Outcome:
     generated_fps: float = 0.0  # frames generated per second of this run (resumed frames not counted)
     wall_s: float = 0.0  # this run's time on the job
     resumed_frames: int = 0
+    processes: int = 1  # that rendered it (more under torchrun)
     report: Optional[Path] = None  # the job's JSON render report
 
     def __post_init__(self) -> None:

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from avatar_render.batch.events import JobMessage, JobProgress, JobStarted, OnEvent, Stopping
-from avatar_render.batch.jobs import Job, JobSpec
+from avatar_render.batch.jobs import EVENT_PREFIX, Job, JobSpec
 from avatar_render.batch.library import StopNow
-from avatar_render.batch.worker import EVENT_PREFIX
 
 POLL_S = 0.2
 

@@ -253,6 +253,7 @@ def _outcome(task: Task, final: dict, wall_s: float) -> Outcome:
             generated_fps=rep["generated_fps"],
             wall_s=round(wall_s, 3),
             resumed_frames=rep.get("resumed_frames", 0),
+            processes=final.get("processes", 1),
             report=Path(task.spec.report),
         )
     if kind in ("failed", "stopped", "not run"):

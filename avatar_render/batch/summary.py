@@ -64,6 +64,7 @@ def summary_record(
                 "generated_fps": o.generated_fps,
                 "wall_s": o.wall_s,
                 "resumed_frames": o.resumed_frames,
+                "processes": o.processes,
                 "report": rel(o.report),
                 "thumbnail": rel(thumbs.get(o.job.key)),
             }
@@ -132,7 +133,5 @@ def page(record: dict[str, Any], folder: Path) -> str:
         f"<body><h1>{e(title)}</h1><p>{e(tally)} &middot; {e(record.get('finished', ''))}"
         f"{' &middot; shard ' + e(record['shard']) if record.get('shard') else ''}</p>\n"
         "<table><tr><th></th><th>job</th><th>status</th><th>duration</th><th>frames</th><th>fps</th>"
-        "<th>time</th><th>reason</th></tr>\n"
-        + "\n".join(rows)
-        + "\n</table></body></html>\n"
+        "<th>time</th><th>reason</th></tr>\n" + "\n".join(rows) + "\n</table></body></html>\n"
     )

@@ -50,7 +50,7 @@ class BatchView:
             self._planned(event)
         elif isinstance(event, JobStarted) and self.bar is not None:
             self.lines[event.job.key] = self.bar.add_task(
-                event.job.name, total=None, what=f"  {escape(event.job.name)}", frames=""
+                event.job.name, total=None, what=f"  {escape(event.job.name)}", frames="starting"
             )
         elif isinstance(event, JobProgress):
             self._progress(event)

@@ -19,10 +19,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from avatar_render.batch.jobs import JobSpec
+from avatar_render.batch.jobs import EVENT_PREFIX, JobSpec
 from avatar_render.errors import AvatarRenderError
 
-EVENT_PREFIX = "@avatar-batch "
 Emit = Callable[[dict[str, Any]], None]
 
 
@@ -68,7 +67,8 @@ def run_job(spec: JobSpec, *, emit: Emit, should_stop: Optional[Callable[[], boo
     except Exception as e:  # noqa: BLE001 - a job's bug must not take the batch down
         traceback.print_exc()
         return {"event": "failed", "reason": f"Unexpected internal error ({type(e).__name__}: {e})."}
-    return {"event": "done", "report": dataclasses.asdict(report)}
+    processes = int(os.environ.get("WORLD_SIZE", "1"))  # (set by torchrun)
+    return {"event": "done", "report": dataclasses.asdict(report), "processes": processes}
 
 
 class _Control:
