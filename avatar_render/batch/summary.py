@@ -98,7 +98,7 @@ _COLOURS = {
 }
 _STYLE = """body{font:14px system-ui,sans-serif;margin:2em;color:#1f2328}table{border-collapse:collapse}
 td,th{padding:6px 12px;border-bottom:1px solid #d0d7de;text-align:left;vertical-align:middle}
-th{background:#f6f8fa}img{display:block;border-radius:4px}.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f6f8fa}img{display:block;border-radius:4px;max-width:192px}.num{text-align:right;font-variant-numeric:tabular-nums}
 .status{font-weight:600}.reason{max-width:36em;color:#57606a}"""
 
 
@@ -109,7 +109,7 @@ def page(record: dict[str, Any], folder: Path) -> str:
         output = os.path.relpath(job["output"], folder)
         thumb = job.get("thumbnail")
         image = (
-            f'<a href="{e(output)}"><img src="{e(thumb)}" width="{THUMB_WIDTH}" alt="{e(job["name"])}"></a>'
+            f'<a href="{e(output)}"><img src="{e(thumb)}" alt="{e(job["name"])}"></a>'
             if thumb
             else ""
         )
