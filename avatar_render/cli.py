@@ -169,12 +169,6 @@ class _progress:
             self.bar.__exit__(*exc)
 
 
-RayOpt = Annotated[Optional[str], typer.Option(
-    "--ray", is_flag=False, flag_value="", metavar="[ADDRESS]",
-    help="Run the jobs as Ray tasks (pip install -e '.\\[ray]'); without ADDRESS, Ray's default. "
-         "Put it last, or write --ray=ADDRESS.")]
-
-
 @app.command()
 def batch(
     source: Annotated[Path, typer.Argument(
@@ -191,7 +185,11 @@ def batch(
         "--procs-per-job", min=1, help="Processes (GPUs) per job, under torchrun when more than 1.")] = 1,
     shard: Annotated[Optional[str], typer.Option(
         "--shard", help="Take part I of N (0 <= I < N); default: the Slurm array task's part.")] = None,
-    ray: RayOpt = None,
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="Run the jobs as Ray tasks (pip install -e '.\\[ray]') on the cluster of RAY_ADDRESS or "
+                      "of 'ray start' here, or on a new local one.")] = False,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", metavar="HOST:PORT", help="The Ray cluster to run on (implies --ray).")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Render every job again, replacing outputs and discarding partial renders.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress view.")] = False,
@@ -211,7 +209,7 @@ def batch(
         _load_config(out, config, overrides)  # its warnings, once
         request = BatchRequest(source=source, out=out_dir, config=config, overrides=tuple(overrides or ()), ref=ref,
                                jobs=jobs, procs_per_job=procs_per_job, shard=parse_shard(shard) if shard else None,
-                               force=force, ray=ray)
+                               force=force, ray=ray, ray_address=ray_address)
         stopping = StopSignals()
         with stopping, BatchView(out.console, warn=out.warn, info=out.info, live=not quiet) as view:
             result = run_batch(request, on_event=view.on_event, should_stop=stopping)

@@ -298,7 +298,11 @@ def test_folder_pairs_by_stem_and_lists_the_rest(tmp_path, face_png):
 # -- shards -------------------------------------------------------------------------------------------
 
 
-def test_shards_are_disjoint_and_cover_the_manifest(media, tmp_path):
+def test_shards_are_disjoint_and_cover_the_manifest(tmp_path):
+    media = tmp_path / "m"
+    (media / "in").mkdir(parents=True)
+    for name in ("face.png", "talk.wav", "other.wav"):  # planning reads (hashes) the inputs but decodes nothing
+        (media / "in" / name).write_bytes(name.encode())
     rows = [f"in/face.png,in/{'talk' if i % 2 else 'other'}.wav,clip{i:02d}.mp4" for i in range(23)]
     (media / "many.csv").write_text("ref,audio,output\n" + "\n".join(rows) + "\n")
     everything = [j.output for j in plan_batch(BatchRequest(source=media / "many.csv", out=tmp_path)).jobs]

@@ -108,31 +108,37 @@ def test_ray_renders_the_local_bytes_even_when_a_worker_dies(tmp_path, face_png,
     assert local.returncode == 0, local.stderr
     want = by_name(summary(tmp_path / "local"))
 
-    plain = batch(jobs, "--out", tmp_path / "ray", *SMALL, f"--ray={ray_head}", cwd=tmp_path, **LOOPBACK)
+    plain = batch(jobs, "--out", tmp_path / "ray", *SMALL, "--ray-address", ray_head, cwd=tmp_path, **LOOPBACK)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     assert "on Ray (127.0.0.1:" in plain.stdout
     for name in NAMES:
         assert sha256(tmp_path / "ray" / f"{name}.mp4") == sha256(tmp_path / "local" / f"{name}.mp4")
 
-    out = tmp_path / "ray-killed"
-    run = start_batch(jobs, "--out", out, *SMALL, f"--ray={ray_head}", cwd=tmp_path, **LOOPBACK)
+    # A Ray worker killed in the middle of r1: Ray runs the task again, and the retry goes on from the
+    # journal, in a fresh folder and under --force over the finished one (the retry must not start over).
+    for out, extra in ((tmp_path / "ray-killed", ()), (tmp_path / "ray", ("--force",))):
+        got = killed_run(jobs, out, ray_head, *extra)
+        assert got["r1"]["status"] == "resumed" and got["r1"]["resumed_frames"] > 0, got["r1"]
+        assert got["r2"]["status"] == got["r3"]["status"] == "done"
+        for name in ("r2", "r3"):
+            assert sha256(out / f"{name}.mp4") == sha256(tmp_path / "local" / f"{name}.mp4")
+        # The resumed job has the uninterrupted job's frames and audio, chunk by chunk (hashes of the raw
+        # frames and samples); its file differs where the writer restarted its encoders (a keyframe at the join).
+        assert chunk_hashes(report_of(out, got["r1"])) == chunk_hashes(report_of(tmp_path / "local", want["r1"]))
+        assert frames_of(out / "r1.mp4") == 50
+        assert not list((out / ".batch").glob("attempts/*"))
+
+
+def killed_run(jobs: Path, out: Path, address: str, *extra: str) -> dict:
+    """A Ray batch whose worker rendering r1 is killed (SIGKILL) once r1 has committed frames."""
+    run = start_batch(jobs, "--out", out, *SMALL, *extra, "--ray-address", address, cwd=jobs.parent, **LOOPBACK)
     try:
-        os.kill(wait_for_commit(out / "r1.mp4", proc=run), signal.SIGKILL)  # the Ray worker holding r1's journal lock
+        os.kill(wait_for_commit(out / "r1.mp4", proc=run), signal.SIGKILL)  # the process holding r1's journal lock
         stdout, stderr = run.communicate(timeout=300)
     finally:
         run.kill()
     assert run.returncode == 0, stdout + stderr
-    got = by_name(summary(out))
-    assert (
-        got["r1"]["status"] == "resumed" and got["r1"]["resumed_frames"] > 0
-    )  # Ray ran it again; it went on from the journal
-    assert got["r2"]["status"] == got["r3"]["status"] == "done"
-    for name in ("r2", "r3"):
-        assert sha256(out / f"{name}.mp4") == sha256(tmp_path / "local" / f"{name}.mp4")
-    # The resumed job has the uninterrupted job's frames and audio, chunk by chunk (hashes of the raw
-    # frames and samples); its file differs where the writer restarted its encoders (a keyframe at the join).
-    assert chunk_hashes(report_of(out, got["r1"])) == chunk_hashes(report_of(tmp_path / "local", want["r1"]))
-    assert frames_of(out / "r1.mp4") == 50
+    return by_name(summary(out))
 
 
 def sha256(path: Path) -> str:

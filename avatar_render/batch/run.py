@@ -34,9 +34,15 @@ class BatchRequest:
     procs_per_job: int = 1  # processes (GPUs) per job, launched with torchrun when > 1
     shard: Optional[Shard] = None  # None: the Slurm array task's part when there is one, else all jobs
     force: bool = False  # render every job again, replacing outputs and discarding partial renders
-    ray: Optional[str] = None  # None: this machine; "": Ray's default cluster (or a new local one); else its address
+    ray: bool = False  # run the jobs as Ray tasks (on Ray's default cluster, or a new local one), not on this machine
+    ray_address: Optional[str] = None  # the Ray cluster (implies ray)
     cpus_per_job: float = 1.0  # (Ray) CPUs a job's task asks for
     retries: int = 3  # (Ray) times a task whose worker died is run again
+
+
+    @property
+    def on_ray(self) -> bool:
+        return self.ray or self.ray_address is not None
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ def plan_batch(request: BatchRequest) -> BatchPlan:
     out = Path(request.out)
     if out.exists() and not out.is_dir():
         raise AvatarRenderError(f"--out '{out}' is a file; give a folder.")
-    if request.ray is not None and request.procs_per_job > 1:
+    if request.on_ray and request.procs_per_job > 1:
         raise AvatarRenderError(
             "--procs-per-job runs a job over several processes of this machine; with --ray each job is one Ray task."
         )
@@ -141,8 +147,8 @@ def run_batch(
             skipped=tuple(o for o in outcomes.values() if o.status == "skipped"),
             refused=tuple(o for o in outcomes.values() if o.status == "failed"),
             unpaired=plan.unpaired,
-            workers=workers if request.ray is None else 0,
-            where="this machine" if request.ray is None else f"Ray ({request.ray or 'its default address'})",
+            workers=0 if request.on_ray else workers,
+            where=f"Ray ({request.ray_address or 'its default cluster'})" if request.on_ray else "this machine",
         )
     )
 
@@ -179,7 +185,7 @@ def run_batch(
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "wall_s": round(time.monotonic() - t0, 3),
         "workers": workers,
-        "where": "local" if request.ray is None else "ray",
+        "where": "ray" if request.on_ray else "local",
         "stopped": stopped,
         "config": str(request.config) if request.config else None,
         "overrides": list(request.overrides),
@@ -193,12 +199,12 @@ def run_batch(
 
 def _launcher(request: BatchRequest, cfg: Config, workers: int) -> Callable[..., bool]:
     """How the tasks run: Ray tasks, or a pool of processes here (GPUs shared out for the diffusion backend)."""
-    if request.ray is not None:
+    if request.on_ray:
         from avatar_render.batch.ray_launcher import run_on_ray
 
         return partial(
             run_on_ray,
-            address=request.ray,
+            address=request.ray_address,
             cpus_per_job=request.cpus_per_job,
             gpus_per_job=0.0 if cfg.backend == "preview" else 1.0,
             retries=request.retries,
@@ -224,7 +230,7 @@ def _summary(outcomes: tuple[Outcome, ...], meta: dict, out: Path, *, shard: Opt
 
 def _task(job: Job, decision: Decision, request: BatchRequest, files: Path, *, started_at: float) -> Task:
     marker = None
-    if request.ray is not None and decision.force:  # a retry must not throw away what its first attempt wrote
+    if request.on_ray and decision.force:  # a retry must not throw away what its first attempt wrote
         marker = str(files / "attempts" / f"{job.key}.{os.getpid()}-{started_at:.0f}")
     spec = JobSpec(
         reference=str(job.reference),

@@ -118,12 +118,19 @@ def page(record: dict[str, Any], folder: Path) -> str:
             if job["status"] in ("done", "resumed", "skipped")
             else e(job["name"])
         )
+        ran, has_video = job["status"] in ("done", "resumed"), bool(job["frames"])
+        numbers = [
+            f"{job['duration_s']:.1f} s" if has_video else "",
+            str(job["frames"]) if has_video else "",
+            f"{job['generated_fps']:.1f}" if ran else "",
+            f"{job['wall_s']:.1f} s" if ran else "",
+        ]
+        colour = _COLOURS.get(job["status"], "#1f2328")
         rows.append(
             f"<tr><td>{image}</td><td>{name}</td>"
-            f'<td class="status" style="color:{_COLOURS.get(job["status"], "#1f2328")}">{e(job["status"])}</td>'
-            f'<td class="num">{job["duration_s"]:.1f} s</td><td class="num">{job["frames"]}</td>'
-            f'<td class="num">{job["generated_fps"]:.1f}</td><td class="num">{job["wall_s"]:.1f} s</td>'
-            f'<td class="reason">{e(job["reason"])}</td></tr>'
+            f'<td class="status" style="color:{colour}">{e(job["status"])}</td>'
+            + "".join(f'<td class="num">{n}</td>' for n in numbers)
+            + f'<td class="reason">{e(job["reason"] if job["status"] != "skipped" else "")}</td></tr>'
         )
     tally = ", ".join(f"{n} {s}" for s, n in record["counts"].items() if n)
     title = f"avatar-render batch: {record.get('source', '')}"

@@ -40,9 +40,8 @@ def run_job(spec: JobSpec, *, emit: Emit, should_stop: Optional[Callable[[], boo
     try:
         cfg = load_config(Path(spec.config) if spec.config else None, tuple(spec.overrides))
         force = spec.force
-        resume = (
-            spec.resume and partial_path(Path(spec.output)).exists()
-        )  # (else it would say there is nothing to resume)
+        # resume when the job left a partial render (else the api would say there is nothing to resume)
+        resume = spec.resume and partial_path(Path(spec.output)).exists()
         if spec.retry_marker is not None:
             marker = Path(spec.retry_marker)
             if marker.exists():  # an earlier attempt of this job died: go on from its journal
@@ -61,14 +60,22 @@ def run_job(spec: JobSpec, *, emit: Emit, should_stop: Optional[Callable[[], boo
         )
         report = render(request, on_progress=on_progress, on_message=on_message, should_stop=should_stop)
     except AvatarRenderError as e:
-        return {"event": "failed", "reason": str(e)}
+        return {"event": "failed", "reason": _for_batch(str(e))}
     except RenderStopped as e:
-        return {"event": "stopped", "reason": str(e), "frames": e.frames}
+        reason = f"Stopped after {e.frames} frames ({e.seconds:.1f} s); running the batch again resumes it."
+        if not e.frames:
+            reason = "Stopped before its first chunk was written."
+        return {"event": "stopped", "reason": reason, "frames": e.frames}
     except Exception as e:  # noqa: BLE001 - a job's bug must not take the batch down
         traceback.print_exc()
         return {"event": "failed", "reason": f"Unexpected internal error ({type(e).__name__}: {e})."}
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # (set by torchrun)
     return {"event": "done", "report": dataclasses.asdict(report), "processes": processes}
+
+
+def _for_batch(message: str) -> str:
+    """The render's advice, as it reads for a batch: running the batch again resumes the job by itself."""
+    return message.replace("run the same command with --resume", "run the batch again")
 
 
 class _Control:
