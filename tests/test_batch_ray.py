@@ -1,6 +1,6 @@
 """The Ray launcher on a local Ray instance that the test starts (CPU only, every address on the
-loopback): the same bytes as a local run, and a job whose Ray worker is killed in the middle is run
-again by Ray and goes on from its journal."""
+loopback): the same bytes as a local run, a job whose Ray worker is killed in the middle is run again
+by Ray and goes on from its journal, and Ctrl-C stops the tasks after their current chunk."""
 
 from __future__ import annotations
 
@@ -148,3 +148,24 @@ def sha256(path: Path) -> str:
 def frames_of(path: Path) -> int:
     with av.open(str(path)) as c:
         return sum(1 for _ in c.decode(video=0))
+
+
+def test_ctrl_c_stops_the_ray_tasks_after_their_chunk_and_the_next_run_resumes(tmp_path, face_png, ray_head):
+    jobs = make_jobs(tmp_path / "jobs", face_png, ["s1", "s2", "s3", "s4"], seconds=3.0)
+    out = tmp_path / "out"
+    run = start_batch(jobs, "--out", out, *SMALL, "--ray-address", ray_head, cwd=tmp_path, **LOOPBACK)
+    try:
+        wait_for_commit(out / "s1.mp4", proc=run)
+        run.send_signal(signal.SIGINT)
+        _, stderr = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    assert run.returncode == 130, stderr
+    first = by_name(summary(out))
+    assert first["s1"]["status"] == "stopped" and (out / "s1.partial.mp4").exists()  # its journal kept
+    assert {job["status"] for job in first.values()} <= {"stopped", "not run", "done"}
+    again = batch(jobs, "--out", out, *SMALL, "--ray-address", ray_head, cwd=tmp_path, **LOOPBACK)
+    assert again.returncode == 0, again.stderr
+    second = by_name(summary(out))
+    assert second["s1"]["status"] == "resumed"
+    assert all(second[name]["status"] in ("done", "resumed", "skipped") for name in second)
