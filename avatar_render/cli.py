@@ -180,7 +180,7 @@ def doctor(overrides: OverridesArg = None, config: ConfigOpt = None, debug: Debu
         cfg = _load_config(out, config, overrides) if (config or overrides) else None
         table = Table("group", "item", "ok", "detail")
         for c in diagnose(cfg):
-            table.add_row(c.group, c.name, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail)
+            table.add_row(escape(c.group), escape(c.name), "[green]yes[/]" if c.ok else "[red]no[/]", escape(c.detail))
         out.table(table)
 
     _guard(out, debug, run)

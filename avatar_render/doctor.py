@@ -8,12 +8,15 @@ import platform
 from dataclasses import dataclass
 
 
+_MODEL_INSTALL = "install PyTorch for your hardware first (see the README), then pip install -e '.[model]'"
+
+
 @dataclass(frozen=True)
 class Check:
     group: str  # "versions", "codecs", "devices", "backends"
     name: str
     ok: bool
-    detail: str
+    detail: str  # plain text (it may hold brackets, as in .[model])
 
 
 def _version(dist: str) -> str | None:
@@ -26,9 +29,12 @@ def _version(dist: str) -> str | None:
 def diagnose(cfg=None) -> list[Check]:
     """Everything below; with a config whose backend is ``infinitetalk``, also its model files."""
     checks = [Check("versions", "python", True, platform.python_version())]
-    for dist in ("avatar-render", "numpy", "av", "opencv-python-headless", "pillow", "omegaconf", "typer", "rich", "torch"):
+    for dist in ("avatar-render", "numpy", "av", "opencv-python-headless", "pillow", "omegaconf", "typer", "rich"):
         v = _version(dist)
-        checks.append(Check("versions", dist, v is not None or dist == "torch", v or "not installed"))
+        checks.append(Check("versions", dist, v is not None, v or "not installed: pip install -e ."))
+    torch = _version("torch")
+    checks.append(Check("versions", "torch", torch is not None,
+                        torch or f"not installed (only the infinitetalk backend needs it: {_MODEL_INSTALL})"))
     codecs = _codecs()
     checks += codecs
     checks += _devices()
@@ -42,7 +48,7 @@ def diagnose(cfg=None) -> list[Check]:
 def _infinitetalk(cfg) -> list[Check]:
     missing = [m for m in ("torch", "diffusers", "transformers", "safetensors") if _version(m) is None]
     if missing:
-        return [Check("backends", "infinitetalk", False, f"needs {', '.join(missing)}: pip install -e '.[model]'")]
+        return [Check("backends", "infinitetalk", False, f"needs {', '.join(missing)}: {_MODEL_INSTALL}")]
     if cfg is None or cfg.backend != "infinitetalk" or not cfg.model.root:
         return [Check("backends", "infinitetalk", True,
                       "installed; give -c configs/infinitetalk-480p.yaml model.root=FOLDER to check its weight files")]

@@ -247,26 +247,26 @@ def test_released_samples_cannot_be_read(tmp_path: Path) -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(AvatarRenderError, match="'nope.wav' does not exist"):
+    with pytest.raises(AvatarRenderError, match=r"nope\.wav' does not exist"):
         AudioReader(tmp_path / "nope.wav", fps=FPS)
 
 
 def test_text_file_named_wav(tmp_path: Path) -> None:
     path = tmp_path / "notes.wav"
     path.write_text("these are not samples\n" * 20)
-    with pytest.raises(AvatarRenderError, match="'notes.wav' is not a readable"):
+    with pytest.raises(AvatarRenderError, match=r"notes\.wav' is not a readable"):
         AudioReader(path, fps=FPS)
 
 
 def test_empty_wav(tmp_path: Path) -> None:
     path = write_audio(tmp_path / "empty.wav", np.zeros((1, 0), np.float32), 16000)
-    with pytest.raises(AvatarRenderError, match="'empty.wav' holds no audio samples"):
+    with pytest.raises(AvatarRenderError, match=r"empty\.wav' holds no audio samples"):
         AudioReader(path, fps=FPS)
 
 
 def test_video_without_audio(tmp_path: Path) -> None:
     path = write_video_without_audio(tmp_path / "silent.mp4", 1.0)
-    with pytest.raises(AvatarRenderError, match="'silent.mp4' has no audio track"):
+    with pytest.raises(AvatarRenderError, match=r"silent\.mp4' has no audio track"):
         AudioReader(path, fps=FPS)
 
 
@@ -287,7 +287,7 @@ def test_truncated_m4a_without_its_index_is_a_clear_error(tmp_path: Path) -> Non
     path = write_audio(tmp_path / "clip.m4a", speech_like(4.0, 44100, 2), 44100)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])  # the sample index is written at the end
-    with pytest.raises(AvatarRenderError, match="'clip.m4a' is not a readable"):
+    with pytest.raises(AvatarRenderError, match=r"clip\.m4a' is not a readable"):
         AudioReader(path, fps=FPS)
 
 
