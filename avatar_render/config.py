@@ -266,9 +266,9 @@ def validate(cfg: Config) -> None:
             "plus 2 must not exceed chunk.chunk_frames",
         ),
         (1 <= cfg.preview.fps <= 120, "preview.fps", "must be between 1 and 120"),
-        (cfg.preview.mouth_gain >= 0, "preview.mouth_gain", "must not be negative"),
+        (0 <= cfg.preview.mouth_gain <= 100, "preview.mouth_gain", "must be between 0 and 100"),
         (cfg.preview.blink_interval_s >= 0, "preview.blink_interval_s", "must not be negative"),
-        (cfg.preview.head_motion >= 0, "preview.head_motion", "must not be negative"),
+        (0 <= cfg.preview.head_motion <= 100, "preview.head_motion", "must be between 0 and 100"),
         (
             cfg.face.box is None
             or (len(cfg.face.box) == 4 and min(cfg.face.box[2:]) > 0 and min(cfg.face.box[:2]) >= 0),
