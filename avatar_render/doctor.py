@@ -8,7 +8,7 @@ import platform
 from dataclasses import dataclass
 
 
-_MODEL_INSTALL = "install PyTorch for your hardware first (see the README), then pip install -e '.[model]'"
+_MODEL_INSTALL = "install PyTorch for your hardware, then pip install -e '.[model]' (see the README)"
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def diagnose(cfg=None) -> list[Check]:
         checks.append(Check("versions", dist, v is not None, v or "not installed: pip install -e ."))
     torch = _version("torch")
     checks.append(Check("versions", "torch", torch is not None,
-                        torch or f"not installed (only the infinitetalk backend needs it: {_MODEL_INSTALL})"))
+                        torch or f"not installed; only the infinitetalk backend needs it: {_MODEL_INSTALL}"))
     codecs = _codecs()
     checks += codecs
     checks += _devices()
@@ -99,6 +99,8 @@ def _devices() -> list[Check]:
     if torch.cuda.is_available():
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         out.append(Check("devices", "gpu", True, f"{torch.cuda.device_count()} CUDA device(s): {names}"))
+    elif torch.version.cuda is None:
+        out.append(Check("devices", "gpu", False, f"this torch ({torch.__version__}) is a CPU-only build; install a CUDA build to use a GPU"))
     else:
-        out.append(Check("devices", "gpu", False, "no CUDA device visible to torch"))
+        out.append(Check("devices", "gpu", False, f"no CUDA device visible to torch (a CUDA {torch.version.cuda} build)"))
     return out
