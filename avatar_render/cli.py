@@ -103,7 +103,7 @@ def render(
     def run() -> None:
         from avatar_render.api import RenderRequest
         from avatar_render.api import render as render_video
-        from avatar_render.stop import RenderStopped, StopNow, StopSignals
+        from avatar_render.job.stop import RenderStopped, StopNow, StopSignals
 
         cfg = _load_config(out, config, overrides, seed=seed)
         request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report, resume=resume)

@@ -9,9 +9,9 @@ import signal
 
 import pytest
 
-from avatar_render.api import partial_path
-from avatar_render.journal import journal_path
-from avatar_render.stop import RenderStopped, StopNow, StopSignals
+from avatar_render.job.output import partial_path
+from avatar_render.job.journal import journal_path
+from avatar_render.job.stop import RenderStopped, StopNow, StopSignals
 from tests.test_resume import api_render, assert_same_as_reference, cli, decode, driver, render_args, work  # noqa: F401
 
 DELAY = 0.02  # seconds per decode call, so that the signal lands while the render runs

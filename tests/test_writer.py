@@ -197,12 +197,10 @@ def test_abort_leaves_complete_fragments(tmp_path: Path) -> None:
         time.sleep(0.005)
     for frames, audio in _chunks([10, 10, 10], fps, 16000, 1, seed=1):
         writer.put(frames, audio)
-    started = time.monotonic()
     writer.abort()
     writer.abort()  # harmless
-    assert time.monotonic() - started < 5
     frames = _read_elsewhere(path)["frames"]
-    assert frames >= 20 and frames % 10 == 0
+    assert frames >= 20 and frames % 10 == 0 and frames < 50  # the queued chunks were dropped, not written
     with pytest.raises(AvatarRenderError):
         writer.put(*next(_chunks([1], fps, 16000, 1)))
 

@@ -9,7 +9,12 @@ import torch
 
 from avatar_render.models.grid import latent_of, latents_for
 from avatar_render.models.vae import CausalCache
-from avatar_render.pipeline.types import ChunkInput, Generated, Segment, StaticConditioning
+from avatar_render.pipeline.types import (
+    ChunkInput,
+    Generated,
+    Segment,
+    StaticConditioning,
+)
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,11 @@ import math
 import os
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import av
 
 from avatar_render.errors import AvatarRenderError
-
-if TYPE_CHECKING:
-    from avatar_render.io.writer import WriterSpec
+from avatar_render.io.spec import WriterSpec
 
 KEYINT_SECONDS = 10  # longest stretch without a keyframe when chunks are long
 
