@@ -178,7 +178,7 @@ def doctor(overrides: OverridesArg = None, config: ConfigOpt = None, debug: Debu
         from avatar_render.doctor import diagnose
 
         cfg = _load_config(out, config, overrides) if (config or overrides) else None
-        table = Table("group", "item", "ok", Column("detail", overflow="fold"))  # fold: a missing file's path stays whole
+        table = Table("group", "item", "ok", Column("detail", overflow="fold"))  # fold: long paths stay whole
         for c in diagnose(cfg):
             table.add_row(escape(c.group), escape(c.name), "[green]yes[/]" if c.ok else "[red]no[/]", escape(c.detail))
         out.table(table)

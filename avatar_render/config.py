@@ -29,6 +29,7 @@ SR_MODES = ("none",)  # the learned one-step SR stage is still to come
 PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 MAX_SEED = 2**64 - 1  # the largest seed torch.Generator.manual_seed takes
 MAX_SIDE = 16384  # libx264's largest frame width or height
+_EVEN_SIDE = f"an even number from 16 to {MAX_SIDE}"
 _MAX_YAML_BYTES = 1 << 20  # a config file is a few hundred bytes; anything this large is the wrong file
 
 
@@ -144,7 +145,8 @@ def load_config(path: Optional[Path] = None, overrides: tuple[str, ...] = (), *,
         cfg: Config = OmegaConf.to_object(merged)
     except ConfigKeyError as e:
         key = _full_key(e)
-        raise AvatarRenderError(f"Unknown config key '{key}'." if key else f"Invalid config: {_first_line(e)}.") from None
+        message = f"Unknown config key '{key}'." if key else f"Invalid config: {_first_line(e)}."
+        raise AvatarRenderError(message) from None
     except ValidationError as e:
         key = _full_key(e)
         if not key:
@@ -178,12 +180,13 @@ def _moved_keys(cfg: Config) -> Config:
 def _parse_override(item: str):
     """One ``key=value`` argument as a config layer."""
     key, sep, _ = item.partition("=")
+    example = "give key=value (for example preview.fps=30)"
     if not sep:
-        raise AvatarRenderError(f"Override {shown(item)} is not of the form key=value (for example preview.fps=30).")
+        raise AvatarRenderError(f"Override {shown(item)} is not of the form key=value; {example}.")
     if not key.strip():
-        raise AvatarRenderError(f"Override {shown(item)} has no key before '='; give key=value (for example preview.fps=30).")
+        raise AvatarRenderError(f"Override {shown(item)} has no key before '='; {example}.")
     if "" in key.split("."):
-        raise AvatarRenderError(f"Override {shown(item)} has an empty name in its key {shown(key)}; give key=value (for example preview.fps=30).")
+        raise AvatarRenderError(f"Override {shown(item)} has an empty name in its key {shown(key)}; {example}.")
     try:
         layer = OmegaConf.from_dotlist([item])
     except OmegaConfBaseException as e:
@@ -206,26 +209,27 @@ def _check_groups(layer, where: str) -> None:
 
 def _load_yaml(path: Path):
     regular_file(path, what="config file", give="a YAML file")
+    name = f"The config file {shown(path)}"
     size = path.stat().st_size
     if size > _MAX_YAML_BYTES:
-        raise AvatarRenderError(f"The config file {shown(path)} is {size / 2**20:.0f} MB, far too large for a config; give a YAML file.")
+        raise AvatarRenderError(f"{name} is {size / 2**20:.0f} MB, far too large for a config; give a YAML file.")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise AvatarRenderError(f"The config file {shown(path)} is not a text file (it is not UTF-8); give a YAML file.") from None
+        raise AvatarRenderError(f"{name} is not a text file (it is not UTF-8); give a YAML file.") from None
     except OSError as e:
-        raise AvatarRenderError(f"The config file {shown(path)} cannot be read: {e.strerror or e}.") from None
+        raise AvatarRenderError(f"{name} cannot be read: {e.strerror or e}.") from None
     try:
         loaded = OmegaConf.load(io.StringIO(text))
     except yaml.YAMLError as e:
-        raise AvatarRenderError(f"The config file {shown(path)} is not valid YAML: {_yaml_reason(e, text)}.") from None
+        raise AvatarRenderError(f"{name} is not valid YAML: {_yaml_reason(e, text)}.") from None
     except OSError:  # OmegaConf's "Invalid loaded object type": the document is a single value
-        raise AvatarRenderError(f"The config file {shown(path)} must hold a mapping of keys to values, not a single value.") from None
+        raise AvatarRenderError(f"{name} must hold a mapping of keys to values, not a single value.") from None
     except OmegaConfBaseException as e:
-        raise AvatarRenderError(f"The config file {shown(path)} cannot be used: {_first_line(e)}.") from None
+        raise AvatarRenderError(f"{name} cannot be used: {_first_line(e)}.") from None
     if not OmegaConf.is_dict(loaded):
-        raise AvatarRenderError(f"The config file {shown(path)} must hold a mapping of keys to values, not a list.")
-    _check_groups(loaded, f"The config file {shown(path)} sets")
+        raise AvatarRenderError(f"{name} must hold a mapping of keys to values, not a list.")
+    _check_groups(loaded, f"{name} sets")
     return loaded
 
 
@@ -251,11 +255,11 @@ def validate(cfg: Config) -> None:
     checks = [
         (cfg.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}"),
         (0 <= cfg.seed <= MAX_SEED, "seed", f"must be a whole number from 0 to {MAX_SEED}"),
-        (16 <= cfg.video.width <= MAX_SIDE and cfg.video.width % 2 == 0, "video.width", f"must be an even number from 16 to {MAX_SIDE}"),
-        (16 <= cfg.video.height <= MAX_SIDE and cfg.video.height % 2 == 0, "video.height", f"must be an even number from 16 to {MAX_SIDE}"),
+        (cfg.video.preset in PRESETS, "video.preset", f"must be one of {', '.join(PRESETS)}"),
+        (16 <= cfg.video.width <= MAX_SIDE and cfg.video.width % 2 == 0, "video.width", f"must be {_EVEN_SIDE}"),
+        (16 <= cfg.video.height <= MAX_SIDE and cfg.video.height % 2 == 0, "video.height", f"must be {_EVEN_SIDE}"),
         (cfg.video.width * cfg.video.height <= 4096 * 4096, "video.width", "times video.height must not exceed 4096x4096"),
         (0 <= cfg.video.crf <= 51, "video.crf", "must be between 0 and 51"),
-        (cfg.video.preset in PRESETS, "video.preset", f"must be one of {', '.join(PRESETS)}"),
         (8_000 <= cfg.video.audio_bitrate <= 512_000, "video.audio_bitrate", "must be between 8000 and 512000"),
         (cfg.chunk.chunk_frames >= 1, "chunk.chunk_frames", "must be at least 1"),
         (cfg.chunk.context_frames >= 0, "chunk.context_frames", "must not be negative"),
@@ -300,9 +304,11 @@ def _check_finite(cfg: Config) -> None:
     """Every float key is a finite number (``nan`` and ``inf`` parse as floats)."""
     for group in dataclasses.fields(cfg):
         value = getattr(cfg, group.name)
-        keys = [(f"{group.name}.{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value)] \
-            if dataclasses.is_dataclass(value) else [(group.name, value)]
-        for key, v in keys:
+        if not dataclasses.is_dataclass(value):
+            keys = {group.name: value}
+        else:
+            keys = {f"{group.name}.{f.name}": getattr(value, f.name) for f in dataclasses.fields(value)}
+        for key, v in keys.items():
             if isinstance(v, float) and not math.isfinite(v):
                 raise AvatarRenderError(f"Config key '{key}' must be a finite number, not {v}.")
 

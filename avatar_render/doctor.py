@@ -99,8 +99,10 @@ def _devices() -> list[Check]:
     if torch.cuda.is_available():
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         out.append(Check("devices", "gpu", True, f"{torch.cuda.device_count()} CUDA device(s): {names}"))
-    elif torch.version.cuda is None:
-        out.append(Check("devices", "gpu", False, f"this torch ({torch.__version__}) is a CPU-only build; install a CUDA build to use a GPU"))
+    elif torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        why = f"this torch ({torch.__version__}) is a CPU-only build; install a CUDA build to use a GPU"
+        out.append(Check("devices", "gpu", False, why))
     else:
-        out.append(Check("devices", "gpu", False, f"no CUDA device visible to torch (a CUDA {torch.version.cuda} build)"))
+        why = f"no CUDA device visible to torch (a CUDA {torch.version.cuda} build)"
+        out.append(Check("devices", "gpu", False, why))
     return out

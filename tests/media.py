@@ -155,7 +155,8 @@ def _audio_frame(samples: np.ndarray) -> av.AudioFrame:
 _WAV_FORMATS = {"u8": (1, 8), "s16": (1, 16), "f32": (3, 32), "f64": (3, 64)}  # sample format: (format tag, bits)
 
 
-def write_wav(path: Path, samples: np.ndarray, rate: int, *, sample_format: str = "s16", format_tag: int | None = None) -> Path:
+def write_wav(path: Path, samples: np.ndarray, rate: int, *, sample_format: str = "s16",
+              format_tag: int | None = None) -> Path:
     """A plain RIFF/WAVE file of (C, n) float samples, written byte by byte: any rate, any channel count
     (no channel mask, so more than two channels are in no known order), NaN and infinity kept in float
     formats. ``format_tag`` overrides the codec field (e.g. one no decoder knows)."""
@@ -172,6 +173,6 @@ def write_wav(path: Path, samples: np.ndarray, rate: int, *, sample_format: str 
         data = np.round(np.clip(interleaved, -1, 1) * 32767).astype("<i2").tobytes()
     block = channels * bits // 8
     fmt = struct.pack("<HHIIHH", format_tag or tag, channels, rate, (rate * block) & 0xFFFFFFFF, block, bits)
-    Path(path).write_bytes(b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE"
-                           + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data)
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    Path(path).write_bytes(b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks)
     return Path(path)

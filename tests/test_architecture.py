@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "avatar_render"
 # Rooms by layer, lowest first: a module may import its own room and any room of a lower layer.
 LAYERS = (
     ("errors",),  # the core: the user-facing error type,
+    ("input_files",),  # the files a render reads, checked before they are opened
     ("config", "telemetry"),  # the typed config, the render's measurements
     ("distributed",),  # a leaf the api calls: meshes, launches, sharding
     ("pipeline",),  # the tiers: Module, Stage, Pipeline, the chunk plan and the rolling state

@@ -13,7 +13,7 @@ import pytest
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
-from tests.media import speech_like, write_audio, write_video_without_audio
+from tests.media import speech_like, write_audio, write_video_without_audio, write_wav
 
 FPS = Fraction(25)
 NTSC = Fraction(30000, 1001)
@@ -130,6 +130,20 @@ def test_many_channels_and_unnamed_layouts_downmix_to_stereo(tmp_path: Path) -> 
             output, model, _ = stream_all(reader)
         assert output.shape == (2, rate) and len(model) == 16000
         assert np.abs(output).max() > 0.05 and np.abs(model).max() > 0.05
+
+
+@pytest.mark.parametrize("channels", [9, 32])
+def test_channels_in_no_known_order_are_averaged(tmp_path: Path, channels: int) -> None:
+    """FFmpeg cannot mix 9 or 32 channels without a layout; the reader takes their mean instead of failing."""
+    weights = np.linspace(0.1, 0.9, channels)[:, None]  # (C, 1)
+    tone = np.sin(2 * np.pi * 200 * np.arange(16000) / 16000)[None]  # (1, n)
+    path = write_wav(tmp_path / "many.wav", weights * tone * 0.5, 16000)
+    with AudioReader(path, fps=FPS) as reader:
+        assert (reader.info.channels, reader.info.output_channels) == (channels, 2)
+        output, model, _ = stream_all(reader)
+    expected = (np.round(weights * tone * 0.5 * 32767) / 32768).mean(axis=0)  # (n,) the mean of the stored samples
+    assert output.shape == (2, 16000) and np.allclose(output, expected[None], atol=1e-4)
+    assert np.allclose(model, expected, atol=1e-4)
 
 
 def test_a_minute_of_mp3_streams_whole(tmp_path: Path) -> None:

@@ -278,14 +278,17 @@ CASES = {
     "ref: a socket": Case("'{d}/sock' is a socket, not a regular file", ref="sock"),
     "ref: a folder": Case("'{d}/folder' is a folder, not a regular file", ref="folder"),
     "ref: missing": Case("'{d}/missing.png' does not exist", ref="missing.png"),
-    "ref: dangling symlink": Case("'{d}/dangling.png' is a symbolic link to a file that does not exist", ref="dangling.png"),
+    "ref: dangling symlink": Case(
+        "'{d}/dangling.png' is a symbolic link to a file that does not exist", ref="dangling.png"),
     "ref: symlink loop": Case("'{d}/loop_a.png' is a symbolic link that loops back on itself", ref="loop_a.png"),
     "ref: missing, newline in the name": Case(r"'{d}/no\nsuch.png' does not exist", ref="no\nsuch.png"),
     # The reference: broken or unusable media.
-    "ref: SVG (opens, nothing decodes it)": Case("'{d}/face.svg' is in a format nothing here can decode", ref="face.svg"),
+    "ref: SVG (opens, nothing decodes it)": Case(
+        "'{d}/face.svg' is in a format nothing here can decode", ref="face.svg"),
     "ref: zero bytes": Case("'{d}/zero.png' is not an image or video file that can be read", ref="zero.png"),
     "ref: text named .png": Case("'{d}/notes.png' is not an image or video file that can be read", ref="notes.png"),
-    "ref: random bytes named .jpg": Case("'{d}/noise.jpg' is not an image or video file that can be read", ref="noise.jpg"),
+    "ref: random bytes named .jpg": Case(
+        "'{d}/noise.jpg' is not an image or video file that can be read", ref="noise.jpg"),
     "ref: truncated PNG": Case("'{d}/cut.png' is corrupt or truncated", ref="cut.png"),
     "ref: truncated JPEG": Case("'{d}/cut.jpg' is corrupt or truncated", ref="cut.jpg"),
     "ref: header claims 100000x100000": Case("'{d}/huge_header.png' is too large", ref="huge_header.png"),
@@ -303,7 +306,8 @@ CASES = {
     # The audio: broken or unusable media.
     "audio: zero bytes": Case("'{d}/zero.mp3' is not a readable audio or video file", audio="zero.mp3"),
     "audio: garbage": Case("'{d}/garbage.wav' is not a readable audio or video file", audio="garbage.wav"),
-    "audio: truncated header": Case("'{d}/header_only.wav' is not a readable audio or video file", audio="header_only.wav"),
+    "audio: truncated header": Case(
+        "'{d}/header_only.wav' is not a readable audio or video file", audio="header_only.wav"),
     "audio: header, no samples": Case("'{d}/no_samples.wav' holds no audio samples", audio="no_samples.wav"),
     "audio: m4a cut in half": Case("'{d}/cut.m4a' is not a readable audio or video file", audio="cut.m4a"),
     "audio: codec no decoder knows": Case("'{d}/unknown_codec.wav' holds an audio track that nothing here can decode",
@@ -312,10 +316,12 @@ CASES = {
     "audio: an image": Case("'{d}/face.png' has no audio track", audio="face.png"),
     "audio: NaN sample": Case("'{d}/nan.wav' has a NaN sample at 0.200 s", audio="nan.wav"),
     "audio: infinite sample, 2nd channel": Case("'{d}/inf.wav' has an infinite sample at 0.300 s", audio="inf.wav"),
-    "audio: sample rate 2147483647 Hz": Case("'{d}/rate_huge.wav' has a sample rate of 2147483647 Hz", audio="rate_huge.wav"),
+    "audio: sample rate 2147483647 Hz": Case(
+        "'{d}/rate_huge.wav' has a sample rate of 2147483647 Hz", audio="rate_huge.wav"),
     "audio: sample rate 2 Hz": Case("'{d}/rate_2hz.wav' has a sample rate of 2 Hz", audio="rate_2hz.wav"),
     # -c: not a usable file.
-    "-c: a FIFO": Case("The config file '{d}/fifo' is a named pipe (FIFO), not a regular file", args=("-c", "{d}/fifo"), process=True),
+    "-c: a FIFO": Case(
+        "The config file '{d}/fifo' is a named pipe (FIFO), not a regular file", args=("-c", "{d}/fifo"), process=True),
     "-c: a folder": Case("The config file '{d}/folder' is a folder, not a regular file", args=("-c", "{d}/folder")),
     "-c: a character device": Case("The config file '/dev/zero' is a character device", args=("-c", "/dev/zero")),
     "-c: missing": Case("The config file '{d}/missing.yaml' does not exist", args=("-c", "{d}/missing.yaml")),
@@ -323,44 +329,61 @@ CASES = {
     "-c: the reference": Case("The config file '{d}/face.png' is not a text file", args=("-c", "{d}/face.png")),
     "-c: 2 MB": Case("The config file '{d}/big.yaml' is 2 MB, far too large for a config", args=("-c", "{d}/big.yaml")),
     # -c: YAML that is not a config.
-    "yaml: a list": Case("'{d}/list.yaml' must hold a mapping of keys to values, not a list", args=("-c", "{d}/list.yaml")),
-    "yaml: a scalar": Case("'{d}/scalar.yaml' must hold a mapping of keys to values, not a single value", args=("-c", "{d}/scalar.yaml")),
-    "yaml: tabs": Case("'{d}/tabs.yaml' is not valid YAML: found character that cannot start any token at line 2, column 1 "
-                       "(a tab: YAML indents with spaces only)", args=("-c", "{d}/tabs.yaml")),
+    "yaml: a list": Case(
+        "'{d}/list.yaml' must hold a mapping of keys to values, not a list", args=("-c", "{d}/list.yaml")),
+    "yaml: a scalar": Case(
+        "'{d}/scalar.yaml' must hold a mapping of keys to values, not a single value", args=("-c", "{d}/scalar.yaml")),
+    "yaml: tabs": Case(
+        "'{d}/tabs.yaml' is not valid YAML: found character that cannot start any token at line 2, column 1 "
+        "(a tab: YAML indents with spaces only)", args=("-c", "{d}/tabs.yaml")),
     "yaml: duplicate key": Case("'{d}/duplicate.yaml' is not valid YAML: found duplicate key width at line 3, column 3",
                                 args=("-c", "{d}/duplicate.yaml")),
-    "yaml: bad indentation": Case("'{d}/indent.yaml' is not valid YAML: mapping values are not allowed in this context at line 3, "
-                                  "column 10", args=("-c", "{d}/indent.yaml")),
-    "yaml: unclosed bracket": Case("'{d}/unclosed.yaml' is not valid YAML: did not find expected ',' or ']' at line 3, column 1, "
-                                   "while parsing a flow sequence at line 2, column 8", args=("-c", "{d}/unclosed.yaml")),
-    "yaml: python tag": Case("'{d}/tag.yaml' is not valid YAML: could not determine a constructor for the tag", args=("-c", "{d}/tag.yaml")),
+    "yaml: bad indentation": Case(
+        "'{d}/indent.yaml' is not valid YAML: mapping values are not allowed in this context at line 3, column 10",
+        args=("-c", "{d}/indent.yaml")),
+    "yaml: unclosed bracket": Case(
+        "'{d}/unclosed.yaml' is not valid YAML: did not find expected ',' or ']' at line 3, column 1, "
+        "while parsing a flow sequence at line 2, column 8", args=("-c", "{d}/unclosed.yaml")),
+    "yaml: python tag": Case(
+        "'{d}/tag.yaml' is not valid YAML: could not determine a constructor for the tag", args=("-c", "{d}/tag.yaml")),
     "yaml: unknown key": Case("Unknown config key 'video.colour'", args=("-c", "{d}/unknown.yaml")),
     "yaml: wrong type": Case("Config key 'video.width' has a wrong type or value", args=("-c", "{d}/wrong_type.yaml")),
     "yaml: out of range": Case("Config key 'video.crf' must be between 0 and 51", args=("-c", "{d}/out_of_range.yaml")),
-    "yaml: a group set to a value": Case("'{d}/group.yaml' sets the whole group 'preview' to a single value", args=("-c", "{d}/group.yaml")),
+    "yaml: a group set to a value": Case(
+        "'{d}/group.yaml' sets the whole group 'preview' to a single value", args=("-c", "{d}/group.yaml")),
     "yaml: negative seed": Case("Config key 'seed' must be a whole number from 0 to", args=("-c", "{d}/seed.yaml")),
     # Overrides and options.
     "override: no key": Case("Override '=25' has no key before '='", args=("=25",)),
-    "override: a whole group": Case("Override 'preview=5' sets the whole group 'preview' to a single value", args=("preview=5",)),
-    "override: empty name in the key": Case("Override 'video..width=4' has an empty name in its key 'video..width'", args=("video..width=4",)),
+    "override: a whole group": Case(
+        "Override 'preview=5' sets the whole group 'preview' to a single value", args=("preview=5",)),
+    "override: empty name in the key": Case(
+        "Override 'video..width=4' has an empty name in its key 'video..width'", args=("video..width=4",)),
     "override: no '='": Case("Override 'preview.fps' is not of the form key=value", args=("preview.fps",)),
     "override: unknown key": Case("Unknown config key 'preview.fsp'", args=("preview.fsp=30",)),
     "override: wrong type": Case("Config key 'video.height' has a wrong type or value", args=("video.height=tall",)),
-    "override: float for an int list": Case("Config key 'face.box[0]' has a wrong type or value", args=("face.box=[1.5,2,30,30]",)),
+    "override: float for an int list": Case(
+        "Config key 'face.box[0]' has a wrong type or value", args=("face.box=[1.5,2,30,30]",)),
     "override: face.box of 2": Case("Config key 'face.box' must be [x, y, width, height]", args=("face.box=[1,2]",)),
-    "override: odd width": Case("Config key 'video.width' must be an even number from 16 to 16384", args=("video.width=47",)),
-    "override: width 20000": Case("Config key 'video.width' must be an even number from 16 to 16384", args=("video.width=20000",)),
+    "override: odd width": Case(
+        "Config key 'video.width' must be an even number from 16 to 16384", args=("video.width=47",)),
+    "override: width 20000": Case(
+        "Config key 'video.width' must be an even number from 16 to 16384", args=("video.width=20000",)),
     "override: crf -1": Case("Config key 'video.crf' must be between 0 and 51", args=("video.crf=-1",)),
-    "override: unknown preset": Case("Config key 'video.preset' must be one of ultrafast", args=("video.preset=fastest",)),
-    "override: mouth_gain inf": Case("Config key 'preview.mouth_gain' must be a finite number, not inf", args=("preview.mouth_gain=inf",)),
-    "override: mouth_gain 1e300": Case("Config key 'preview.mouth_gain' must be between 0 and 100", args=("preview.mouth_gain=1e300",)),
+    "override: unknown preset": Case(
+        "Config key 'video.preset' must be one of ultrafast", args=("video.preset=fastest",)),
+    "override: mouth_gain inf": Case(
+        "Config key 'preview.mouth_gain' must be a finite number, not inf", args=("preview.mouth_gain=inf",)),
+    "override: mouth_gain 1e300": Case(
+        "Config key 'preview.mouth_gain' must be between 0 and 100", args=("preview.mouth_gain=1e300",)),
     "override: blink interval inf": Case("Config key 'preview.blink_interval_s' must be a finite number, not inf",
                                          args=("preview.blink_interval_s=inf",)),
     "override: fps nan": Case("Config key 'preview.fps' must be a finite number, not nan", args=("preview.fps=nan",)),
     "override: zero chunk": Case("Config key 'chunk.chunk_frames' must be at least 1", args=("chunk.chunk_frames=0",)),
-    "override: unknown backend": Case("Config key 'backend' must be one of preview, infinitetalk", args=("backend=magic",)),
+    "override: unknown backend": Case(
+        "Config key 'backend' must be one of preview, infinitetalk", args=("backend=magic",)),
     "override: negative seed": Case("Config key 'seed' must be a whole number from 0 to", args=("seed=-1",)),
-    "--seed -1": Case("--seed -1 is not a seed: give a whole number from 0 to 18446744073709551615", args=("--seed", "-1")),
+    "--seed -1": Case(
+        "--seed -1 is not a seed: give a whole number from 0 to 18446744073709551615", args=("--seed", "-1")),
     "--seed 2**64": Case("--seed 18446744073709551616 is not a seed", args=("--seed", str(2**64))),
     # Odd but valid: these render.
     "renders: silence only": Case(RENDERS, audio="silence.wav"),
@@ -428,7 +451,8 @@ def test_relative_paths(media, tmp_path, monkeypatch):
 
 
 def _late_nan(media: Path, out: Path) -> Outcome:
-    return run_cli(["render", "--ref", str(media / "face.png"), "--audio", str(media / "late_nan.wav"), "-o", str(out), *TINY])
+    return run_cli(["render", "--ref", str(media / "face.png"), "--audio", str(media / "late_nan.wav"), "-o", str(out),
+                    *TINY])
 
 
 def test_audio_error_found_mid_render(media, tmp_path):
@@ -443,8 +467,9 @@ def test_audio_error_found_mid_render(media, tmp_path):
     assert {p.name for p in tmp_path.iterdir()} <= {"out.partial.mp4", "out.mp4.journal"}
 
 
-@pytest.mark.xfail(strict=True, reason="api.py advises --resume after an input error found mid-render, but the journal "
-                   "then refuses the fixed audio (its SHA-256 changed): for an input error the advice should be --force")
+@pytest.mark.xfail(strict=True, reason="api.py advises --resume after an input error found mid-render, but the "
+                   "journal then refuses the fixed audio (its SHA-256 changed): for an input error the advice should "
+                   "be --force")
 def test_audio_error_found_mid_render_does_not_advise_resume(media, tmp_path):
     outcome = _late_nan(media, tmp_path / "out.mp4")
     if not (tmp_path / "out.mp4.journal").exists():
@@ -452,8 +477,9 @@ def test_audio_error_found_mid_render_does_not_advise_resume(media, tmp_path):
     assert "--resume" not in error_line(outcome)
 
 
-@pytest.mark.xfail(strict=True, reason="usage errors (a missing option, --seed abc) are drawn by Typer in a rich panel over "
-                   "several lines; Typer(rich_markup_mode=None) in cli.py would print click's one 'Error: ...' line")
+@pytest.mark.xfail(strict=True, reason="usage errors (a missing option, --seed abc) are drawn by Typer in a rich "
+                   "panel over several lines; Typer(rich_markup_mode=None) in cli.py would print click's one "
+                   "'Error: ...' line")
 @pytest.mark.parametrize("args", [["--seed", "abc"], []], ids=["--seed abc", "no --audio"])
 def test_usage_errors_are_one_line(media, tmp_path, args):
     audio = ["--audio", str(media / "talk.wav")] if args else []

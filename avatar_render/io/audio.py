@@ -155,7 +155,8 @@ class AudioReader:
         self._stream = streams[0]
         if self._stream.codec_context is None:  # the container is known, its codec is not
             raise AvatarRenderError(
-                f"The audio {shown(path)} holds an audio track that nothing here can decode; convert it to WAV, FLAC or MP3."
+                f"The audio {shown(path)} holds an audio track that nothing here can decode; "
+                "convert it to WAV, FLAC or MP3."
             )
         self._frames = self._decoded_frames()
         first = next((f for f in self._frames if f.samples > 0), None)
@@ -272,7 +273,10 @@ class AudioReader:
             )
         self._check_finite(frame)
         self._segment_samples += frame.samples
-        self._resample(_mono(frame) if self._mix_to_mono else frame)
+        if self._mix_to_mono:  # the model view gets the mean, the output view the mean in each of its channels
+            self._resample(_mean(frame, 1), _mean(frame, self.info.output_channels))
+        else:
+            self._resample(frame, frame)
 
     def _check_finite(self, frame: av.AudioFrame) -> None:
         if frame.format.name not in _FLOAT_FORMATS:
@@ -289,8 +293,10 @@ class AudioReader:
             "finite number); re-export it with finite samples only."
         )
 
-    def _resample(self, frame: av.AudioFrame | None) -> None:
-        for window, resampler in ((self._model, self._model_resampler), (self._output, self._output_resampler)):
+    def _resample(self, model_frame: av.AudioFrame | None, output_frame: av.AudioFrame | None) -> None:
+        """Each view's frame through its resampler (None flushes them)."""
+        for window, resampler, frame in ((self._model, self._model_resampler, model_frame),
+                                         (self._output, self._output_resampler, output_frame)):
             for out in resampler.resample(frame):
                 if out is not None:  # a pass-through resampler echoes the flush request
                     window.append(out.to_ndarray())
@@ -298,7 +304,7 @@ class AudioReader:
     def _flush_resamplers(self) -> None:
         if self._source is None:
             return
-        self._resample(None)
+        self._resample(None, None)
         self._done_seconds += Fraction(self._segment_samples, self._source[2])
         self._segment_samples = 0
 
@@ -321,7 +327,8 @@ def _open(path: Path) -> av.container.InputContainer:
 
 
 def _resamplable(frame: av.AudioFrame) -> bool:
-    """Whether FFmpeg's resampler can mix ``frame``'s channels down (not when their order is unknown, e.g. 9 channels)."""
+    """Whether FFmpeg's resampler can mix ``frame``'s channels down (it cannot when their order is unknown, as
+    for 9 channels)."""
     try:
         av.AudioResampler(format="fltp", layout="mono", rate=frame.sample_rate).resample(frame)
     except av.FFmpegError:
@@ -335,14 +342,15 @@ def _channels(frame: av.AudioFrame) -> np.ndarray:
     return data if frame.format.is_planar else data.reshape(-1, frame.layout.nb_channels).T
 
 
-def _mono(frame: av.AudioFrame) -> av.AudioFrame:
-    """The mean of ``frame``'s channels as a mono float frame (for channels in no known order)."""
+def _mean(frame: av.AudioFrame, channels: int) -> av.AudioFrame:
+    """The mean of ``frame``'s channels (in no known order) as a float frame of 1 or 2 equal channels."""
     data = _channels(frame)  # (C, n)
     name = frame.format.name.rstrip("p")
     if name == "u8":
         data = data.astype(np.float64) - 128
-    mono = data.mean(axis=0, dtype=np.float64) / _INT_SCALE.get(name, 1)  # (n,)
-    out = av.AudioFrame.from_ndarray(mono.astype(np.float32)[None], format="fltp", layout="mono")
+    mean = (data.mean(axis=0, dtype=np.float64) / _INT_SCALE.get(name, 1)).astype(np.float32)  # (n,)
+    layout = "mono" if channels == 1 else "stereo"
+    out = av.AudioFrame.from_ndarray(np.repeat(mean[None], channels, axis=0), format="fltp", layout=layout)
     out.sample_rate = frame.sample_rate
     return out
 

@@ -19,6 +19,8 @@ _STRIP_ROWS = 512  # rows converted to numpy at a time, so no extra full-size te
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError)
 # Image.MAX_IMAGE_PIXELS is process-wide; it is swapped for ``max_pixels`` only while a header is read.
 _PIL_LIMIT_LOCK = threading.Lock()
+_CORRUPT = "The reference image {} is corrupt or truncated; re-export it."
+_NOT_MEDIA = "The reference {} is not an image or video file that can be read."
 
 
 def load_reference(path: str | Path, *, max_pixels: int = 150_000_000) -> np.ndarray:
@@ -53,7 +55,7 @@ def _open_image(path: Path, max_pixels: int) -> Image.Image:
         except UnidentifiedImageError:
             raise
         except _DECODE_ERRORS:
-            raise AvatarRenderError(f"The reference image {shown(path)} is corrupt or truncated; re-export it.") from None
+            raise AvatarRenderError(_CORRUPT.format(shown(path))) from None
         finally:
             Image.MAX_IMAGE_PIXELS = previous
     try:
@@ -67,7 +69,8 @@ def _open_image(path: Path, max_pixels: int) -> Image.Image:
 def _check_size(path: Path, width: int, height: int, max_pixels: int) -> None:
     if width * height > max_pixels:
         raise AvatarRenderError(
-            f"The reference {shown(path)} is {width}x{height} pixels, over the limit of {max_pixels:,}; downscale it first."
+            f"The reference {shown(path)} is {width}x{height} pixels, over the limit of {max_pixels:,}; "
+            "downscale it first."
         )
     if min(width, height) < MIN_SIDE:
         raise AvatarRenderError(
@@ -86,7 +89,7 @@ def _decode_image(image: Image.Image, path: Path) -> np.ndarray:
             f"There is not enough memory to decode the reference {shown(path)}; downscale it first."
         ) from None
     except _DECODE_ERRORS:
-        raise AvatarRenderError(f"The reference image {shown(path)} is corrupt or truncated; re-export it.") from None
+        raise AvatarRenderError(_CORRUPT.format(shown(path))) from None
 
 
 def _canonical_mode(image: Image.Image) -> Image.Image:
@@ -139,7 +142,7 @@ def _load_video_frame(path: Path, max_pixels: int, *, from_image_fallback: bool 
         container = av.open(str(path))
     except (av.FFmpegError, OSError, ValueError):
         if from_image_fallback:
-            raise AvatarRenderError(f"The reference {shown(path)} is not an image or video file that can be read.") from None
+            raise AvatarRenderError(_NOT_MEDIA.format(shown(path))) from None
         raise AvatarRenderError(
             f"The reference video {shown(path)} cannot be opened; it is corrupt or not a video."
         ) from None
@@ -149,8 +152,8 @@ def _load_video_frame(path: Path, max_pixels: int, *, from_image_fallback: bool 
         stream = container.streams.video[0]
         if stream.codec_context is None:  # FFmpeg knows the container but has no decoder for it (e.g. SVG)
             raise AvatarRenderError(
-                f"The reference {shown(path)} is in a format nothing here can decode (FFmpeg's {container.format.name}); "
-                "convert it to PNG, JPEG or an H.264 video."
+                f"The reference {shown(path)} is in a format nothing here can decode "
+                f"(FFmpeg's {container.format.name}); convert it to PNG, JPEG or an H.264 video."
             )
         if stream.codec_context.width and stream.codec_context.height:
             _check_size(path, stream.codec_context.width, stream.codec_context.height, max_pixels)
@@ -164,5 +167,5 @@ def _load_video_frame(path: Path, max_pixels: int, *, from_image_fallback: bool 
         except (av.FFmpegError, OSError, ValueError):
             pass
     if from_image_fallback:
-        raise AvatarRenderError(f"The reference {shown(path)} is not an image or video file that can be read.")
+        raise AvatarRenderError(_NOT_MEDIA.format(shown(path)))
     raise AvatarRenderError(f"The reference video {shown(path)} has no frame that can be decoded.")
