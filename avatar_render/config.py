@@ -239,6 +239,7 @@ def _yaml_reason(e: yaml.YAMLError, text: str) -> str:
     problem = getattr(e, "problem", None) or getattr(e, "context", None)
     if mark is None or problem is None:
         return _first_line(e)
+    problem = problem.split(". ")[0].rstrip(".")  # (OmegaConf's alias limit adds sentences of advice)
     reason = f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
     context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
     if context and context != problem and start is not None and (start.line, start.column) != (mark.line, mark.column):

@@ -150,6 +150,8 @@ def _configs(d: Path) -> None:
         "group.yaml": "preview: 5\n",
         "seed.yaml": "seed: -1\n",
         "tag.yaml": "video: !!python/object/apply:os.getcwd []\n",
+        "aliases.yaml": "a: &a [x, x, x, x, x, x, x, x, x, x]\n"  # each line ten times the last: a billion laughs
+                        + "".join(f"{k}: &{k} [{', '.join(['*' + j] * 10)}]\n" for j, k in zip("abcdefg", "bcdefgh")),
         "empty.yaml": "",
         "comments.yaml": "# everything commented out\n# video:\n#   width: 48\n",
     }
@@ -346,6 +348,9 @@ CASES = {
         "while parsing a flow sequence at line 2, column 8", args=("-c", "{d}/unclosed.yaml")),
     "yaml: python tag": Case(
         "'{d}/tag.yaml' is not valid YAML: could not determine a constructor for the tag", args=("-c", "{d}/tag.yaml")),
+    "yaml: alias bomb": Case(
+        "'{d}/aliases.yaml' is not valid YAML: YAML node expansion exceeds the configured limit of",
+        args=("-c", "{d}/aliases.yaml")),
     "yaml: unknown key": Case("Unknown config key 'video.colour'", args=("-c", "{d}/unknown.yaml")),
     "yaml: wrong type": Case("Config key 'video.width' has a wrong type or value", args=("-c", "{d}/wrong_type.yaml")),
     "yaml: out of range": Case("Config key 'video.crf' must be between 0 and 51", args=("-c", "{d}/out_of_range.yaml")),
