@@ -152,8 +152,10 @@ def load_config(path: Optional[Path] = None, overrides: tuple[str, ...] = (), *,
         if not key:
             raise AvatarRenderError(f"Invalid config: {_first_line(e)}.") from None
         raise AvatarRenderError(f"Config key '{key}' has a wrong type or value: {_first_line(e)}.") from None
-    except OmegaConfBaseException as e:
-        raise AvatarRenderError(f"Invalid config: {_first_line(e)}.") from None
+    except OmegaConfBaseException as e:  # e.g. an interpolation that does not resolve
+        key = _full_key(e)
+        where = f"Config key '{key}'" if key else "The config"
+        raise AvatarRenderError(f"{where} cannot be read: {_first_line(e)}.") from None
     if seed is not None:
         if not 0 <= seed <= MAX_SEED:
             raise AvatarRenderError(f"--seed {seed} is not a seed: give a whole number from 0 to {MAX_SEED}.")
@@ -230,6 +232,11 @@ def _load_yaml(path: Path):
     if not OmegaConf.is_dict(loaded):
         raise AvatarRenderError(f"{name} must hold a mapping of keys to values, not a list.")
     _check_groups(loaded, f"{name} sets")
+    dotted = next((k for k in loaded if isinstance(k, str) and "." in k), None)
+    if dotted is not None:
+        group, _, rest = dotted.partition(".")
+        raise AvatarRenderError(f"{name} writes the key '{dotted}' with a dot; in YAML nest it instead "
+                                f"('{group}:', then '{rest}:' indented under it).")
     return loaded
 
 

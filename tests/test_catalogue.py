@@ -152,6 +152,10 @@ def _configs(d: Path) -> None:
         "tag.yaml": "video: !!python/object/apply:os.getcwd []\n",
         "aliases.yaml": "a: &a [x, x, x, x, x, x, x, x, x, x]\n"  # each line ten times the last: a billion laughs
                         + "".join(f"{k}: &{k} [{', '.join(['*' + j] * 10)}]\n" for j, k in zip("abcdefg", "bcdefgh")),
+        "dotted.yaml": "video.width: 48\n",
+        "interpolation.yaml": "preview:\n  fps: ${nowhere}\n",
+        "deep.yaml": "face: " + "[" * 5000 + "]" * 5000 + "\n",
+        "nul.yaml": "video:\n  width: 4\x008\n",
         "empty.yaml": "",
         "comments.yaml": "# everything commented out\n# video:\n#   width: 48\n",
     }
@@ -351,6 +355,15 @@ CASES = {
     "yaml: alias bomb": Case(
         "'{d}/aliases.yaml' is not valid YAML: YAML node expansion exceeds the configured limit of",
         args=("-c", "{d}/aliases.yaml")),
+    "yaml: a dotted key": Case("'{d}/dotted.yaml' writes the key 'video.width' with a dot; in YAML nest it instead",
+                               args=("-c", "{d}/dotted.yaml")),
+    "yaml: interpolation to nowhere": Case(
+        "Config key 'preview.fps' cannot be read: Interpolation key 'nowhere' not found",
+        args=("-c", "{d}/interpolation.yaml")),
+    "yaml: nested 5000 deep": Case("'{d}/deep.yaml' is not valid YAML: exceeded maximum nesting depth at line 1",
+                                   args=("-c", "{d}/deep.yaml")),
+    "yaml: a NUL byte": Case(
+        "'{d}/nul.yaml' is not valid YAML: unacceptable character #x0000", args=("-c", "{d}/nul.yaml")),
     "yaml: unknown key": Case("Unknown config key 'video.colour'", args=("-c", "{d}/unknown.yaml")),
     "yaml: wrong type": Case("Config key 'video.width' has a wrong type or value", args=("-c", "{d}/wrong_type.yaml")),
     "yaml: out of range": Case("Config key 'video.crf' must be between 0 and 51", args=("-c", "{d}/out_of_range.yaml")),
