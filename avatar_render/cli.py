@@ -18,7 +18,7 @@ from rich.table import Column, Table
 
 from avatar_render.errors import AvatarRenderError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Render long talking-avatar videos from a reference image and an audio track.")
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("-c", "--config", help="YAML config (default: the embedded preview config).")]

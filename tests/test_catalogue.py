@@ -468,9 +468,9 @@ def test_relative_paths(media, tmp_path, monkeypatch):
     assert tree(media) == before
 
 
-def _late_nan(media: Path, out: Path) -> Outcome:
+def _late_nan(media: Path, out: Path, *extra: str) -> Outcome:
     return run_cli(["render", "--ref", str(media / "face.png"), "--audio", str(media / "late_nan.wav"), "-o", str(out),
-                    *TINY])
+                    *TINY, *extra])
 
 
 def test_audio_error_found_mid_render(media, tmp_path):
@@ -485,19 +485,13 @@ def test_audio_error_found_mid_render(media, tmp_path):
     assert {p.name for p in tmp_path.iterdir()} <= {"out.partial.mp4", "out.mp4.journal"}
 
 
-@pytest.mark.xfail(strict=True, reason="api.py advises --resume after an input error found mid-render, but the "
-                   "journal then refuses the fixed audio (its SHA-256 changed): for an input error the advice should "
-                   "be --force")
 def test_audio_error_found_mid_render_does_not_advise_resume(media, tmp_path):
-    outcome = _late_nan(media, tmp_path / "out.mp4")
-    if not (tmp_path / "out.mp4.journal").exists():
-        pytest.skip("no chunk was committed before the error was found, so there is no advice to check")
-    assert "--resume" not in error_line(outcome)
+    """The fixed audio is another input, which a resume refuses: the advice is to start over."""
+    outcome = _late_nan(media, tmp_path / "out.mp4", "video.gop_seconds=1")
+    assert (tmp_path / "out.mp4.journal").exists(), "a keyframe was committed before the error was found"
+    assert "--resume" not in error_line(outcome) and "start over with --force" in error_line(outcome)
 
 
-@pytest.mark.xfail(strict=True, reason="usage errors (a missing option, --seed abc) are drawn by Typer in a rich "
-                   "panel over several lines; Typer(rich_markup_mode=None) in cli.py would print click's one "
-                   "'Error: ...' line")
 @pytest.mark.parametrize("args", [["--seed", "abc"], []], ids=["--seed abc", "no --audio"])
 def test_usage_errors_are_one_line(media, tmp_path, args):
     audio = ["--audio", str(media / "talk.wav")] if args else []

@@ -17,7 +17,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from avatar_render.errors import AvatarRenderError
+from avatar_render.errors import AvatarRenderError, InputError
 from avatar_render.files import regular_file, shown
 
 AAC_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000)
@@ -260,7 +260,7 @@ class AudioReader:
         if source != self._source:
             self._flush_resamplers()
             if not MIN_RATE <= frame.sample_rate <= MAX_RATE:
-                raise AvatarRenderError(
+                raise InputError(
                     f"The audio {shown(self.info.path)} has a sample rate of {frame.sample_rate} Hz; rates from "
                     f"{MIN_RATE} to {MAX_RATE} Hz are supported, so resample it first."
                 )
@@ -288,7 +288,7 @@ class AudioReader:
         index = int(bad.argmax())  # the first sample (of any channel) that is NaN or infinite
         kind = "a NaN" if np.isnan(data[:, index]).any() else "an infinite"
         at = self._done_seconds + Fraction(self._segment_samples + index, frame.sample_rate)
-        raise AvatarRenderError(
+        raise InputError(
             f"The audio {shown(self.info.path)} has {kind} sample at {float(at):.3f} s (the first sample that is not a "
             "finite number); re-export it with finite samples only."
         )
