@@ -130,7 +130,8 @@ class Campaign:
             events.append(self.kill_once(output, kind, duration, resume=k > 0))
             if kind == "move" or (output.exists() and not journal.exists()):  # nothing left to interrupt
                 break
-        done = self.run(self.command(output, "--resume"))
+        finished = output.exists() and not journal.exists()  # a resume ran to its end before the next kill
+        done = self.run(self.command(output, "--resume")) if not finished else subprocess.CompletedProcess([], 0, "", "")
         same = done.returncode == 0 and output.is_file() and sha256(output) == self.expected
         leftovers = [p.name for p in self.work.glob(f"trial{i}.*") if p.name != output.name]
         verdict = "byte-identical" if same and not leftovers else f"DIFFERENT (exit {done.returncode}, leftovers {leftovers}) {done.stderr.strip()}"
