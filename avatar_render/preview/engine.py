@@ -238,7 +238,9 @@ class PreviewRender(Stage[MotionSegment, Frames]):
     output_type = Frames
 
     def run(self, x: MotionSegment, *, static: PreviewStatic, carry: Any) -> tuple[Frames, None]:
-        frames = np.stack([render_frame(static.rig, row) for row in x.params])
+        frames = np.empty((len(x.params), *static.rig.image.shape), np.uint8)  # (T, H, W, 3)
+        for row, frame in zip(x.params, frames):
+            render_frame(static.rig, row, out=frame)
         return Frames(start=x.start, frames=frames), None
 
 

@@ -28,33 +28,37 @@ def head_inverse(rig: FaceRig, p: np.ndarray) -> np.ndarray:
     return cv2.invertAffineTransform(fwd)
 
 
-def render_frame(rig: FaceRig, p: np.ndarray) -> np.ndarray:
-    """p: (len(PARAMS),) motion row -> (H, W, 3) uint8."""
-    out = rig.image.copy()
+def render_frame(rig: FaceRig, p: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """p: (len(PARAMS),) motion row -> (H, W, 3) uint8, written into ``out`` when given."""
+    if out is None:
+        out = rig.image.copy()
+    else:
+        out[:] = rig.image
     head = rig.head
     rect = head.rect
     if rect.empty:
         return out
     inv = head_inverse(rig, p)
-    xs, ys = rect.grid()
     # Head: source = x + weight * (inv(x) - x), the background still where the weight is 0.
-    mx = cv2.scaleAdd(head.wx, float(inv[0, 0] - 1), xs)
+    mx = cv2.scaleAdd(head.wx, float(inv[0, 0] - 1), head.xs)
     mx = cv2.scaleAdd(head.wy, float(inv[0, 1]), mx)
     mx = cv2.scaleAdd(head.weight, float(inv[0, 2]), mx)
-    my = cv2.scaleAdd(head.wx, float(inv[1, 0]), ys)
+    my = cv2.scaleAdd(head.wx, float(inv[1, 0]), head.ys)
     my = cv2.scaleAdd(head.wy, float(inv[1, 1] - 1), my)
     my = cv2.scaleAdd(head.weight, float(inv[1, 2]), my)
-    head_x, head_y = mx.copy(), my.copy()
+    mx = cv2.resize(mx, (rect.w, rect.h), interpolation=cv2.INTER_LINEAR)
+    my = cv2.resize(my, (rect.w, rect.h), interpolation=cv2.INTER_LINEAR)
     fwd = cv2.invertAffineTransform(inv)
-    if rig.mouth_bank is not None and (p[OPEN] != 0 or p[WIDTH] != 0):
+    mouth_moves = rig.mouth_bank is not None and (p[OPEN] != 0 or p[WIDTH] != 0)
+    if mouth_moves:
         _compose(mx, my, rect, rig.mouth_bank, rig.mouth_bank.blend(float(p[OPEN]), float(p[WIDTH])), fwd)
     if rig.eye_bank is not None and p[BLINK] > 0:
         _compose(mx, my, rect, rig.eye_bank, rig.eye_bank.blend(float(p[BLINK])), fwd)
-    out[rect.slices] = cv2.remap(rig.image, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-    if rig.mouth is not None and (p[OPEN] != 0 or p[WIDTH] != 0):
-        _mouth_gap(out, rig, p, head_x, head_y, fwd)
+    cv2.remap(rig.image, mx, my, cv2.INTER_LINEAR, dst=out[rect.slices], borderMode=cv2.BORDER_REPLICATE)
+    if mouth_moves:
+        _mouth_gap(out, rig, p, inv, fwd)
     if rig.eyes is not None and p[BLINK] > 0:
-        _eye_gaps(out, rig, float(p[BLINK]), head_x, head_y, fwd)
+        _eye_gaps(out, rig, float(p[BLINK]), inv, fwd)
     return out
 
 
@@ -78,12 +82,13 @@ def _compose(mx: np.ndarray, my: np.ndarray, rect: Rect, bank: Bank, disp: np.nd
     my[sl] += d[..., 1]
 
 
-def _patch(rect: Rect, sub: Rect, head_x: np.ndarray, head_y: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[slice, slice]]:
-    sl = (slice(sub.y0 - rect.y0, sub.y1 - rect.y0), slice(sub.x0 - rect.x0, sub.x1 - rect.x0))
-    return head_x[sl], head_y[sl], sl
+def _sources(sub: Rect, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reference pixel centres under the output pixels of ``sub`` (on the face, where the head moves rigidly)."""
+    xs, ys = sub.grid()
+    return (inv[0, 0] * xs + inv[0, 1] * ys + inv[0, 2]).astype(np.float32), (inv[1, 0] * xs + inv[1, 1] * ys + inv[1, 2]).astype(np.float32)
 
 
-def _mouth_gap(out: np.ndarray, rig: FaceRig, p: np.ndarray, head_x, head_y, fwd) -> None:
+def _mouth_gap(out: np.ndarray, rig: FaceRig, p: np.ndarray, inv: np.ndarray, fwd: np.ndarray) -> None:
     mouth, teeth, rect = rig.mouth, rig.teeth, rig.head.rect
     assert mouth is not None and teeth is not None and rig.mouth_bank is not None
     moved = mouth.moved(float(p[OPEN]), float(p[WIDTH]))
@@ -91,7 +96,7 @@ def _mouth_gap(out: np.ndarray, rig: FaceRig, p: np.ndarray, head_x, head_y, fwd
     sub = _forward_rect(fwd, np.concatenate([upper, lower]), rect, 2.0)
     if sub.empty:
         return
-    sx, sy, _ = _patch(rect, sub, head_x, head_y)  # reference pixel centres under each output pixel
+    sx, sy = _sources(sub, inv)
     s, t = face_coords(sx + 0.5, sy + 0.5, rig.mesh)
     inside, _ = between(s, t, upper, lower, rig.mesh, min_gap=1.0, feather=max(1.0, 0.015 * mouth.width_px))
     if not inside.any():
@@ -132,7 +137,7 @@ def _interior(rig: FaceRig, s: np.ndarray, t: np.ndarray, upper: np.ndarray, d_u
     return deep * (1 - 0.5 * r**4)[..., None] + (tongue - deep) * w[..., None]
 
 
-def _eye_gaps(out: np.ndarray, rig: FaceRig, amount: float, head_x, head_y, fwd) -> None:
+def _eye_gaps(out: np.ndarray, rig: FaceRig, amount: float, inv: np.ndarray, fwd: np.ndarray) -> None:
     eyes, rect = rig.eyes, rig.head.rect
     assert eyes is not None
     moved = eyes.moved(amount)
@@ -141,7 +146,7 @@ def _eye_gaps(out: np.ndarray, rig: FaceRig, amount: float, head_x, head_y, fwd)
         sub = _forward_rect(fwd, np.concatenate([upper, lower]), rect, 2.0)
         if sub.empty:
             continue
-        sx, sy, _ = _patch(rect, sub, head_x, head_y)
+        sx, sy = _sources(sub, inv)
         s, t = face_coords(sx + 0.5, sy + 0.5, rig.mesh)
         inside, _ = between(s, t, upper, lower, rig.mesh, min_gap=0.0)
         if not inside.any():

@@ -14,7 +14,7 @@ from avatar_render.face import mesh as fm
 from avatar_render.preview.shapes import EyeShape, MouthShape
 from avatar_render.preview.warp import Rect, backward_map, delaunay
 
-OPEN_LEVELS = (-1.0, -0.5, 0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
+OPEN_LEVELS = (-1.0, -0.5, 0.0, 0.15, 0.3, 0.45, 0.6, 0.8, 1.0)
 WIDTH_LEVELS = (-1.0, 0.0, 1.0)
 BLINK_LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
 MIN_MOUTH_PX = 8.0  # narrower mouths are not animated (only the head moves)
@@ -47,7 +47,7 @@ class Bank:
             if w <= 1e-6:
                 continue
             g = self.grids[idx]
-            out = g * np.float32(w) if out is None else out + g * np.float32(w)
+            out = cv2.multiply(g, (w, w, w, w)) if out is None else cv2.scaleAdd(g, w, out)
         return out if out is not None else np.zeros(self.grids.shape[-3:], np.float32)
 
 
@@ -64,12 +64,18 @@ class Teeth:
 
 @dataclass(frozen=True, eq=False)
 class HeadMask:
-    """How much each pixel moves with the head: 1 on the head, fading to 0 over the background."""
+    """How much each pixel moves with the head: 1 on the head, fading to 0 over the background.
+
+    Sampled at every other pixel of ``rect`` (even-sized), the head's warp is made at that resolution
+    and resized up: exact where the weight is constant (the warp is affine there), smooth elsewhere.
+    """
 
     rect: Rect
-    weight: np.ndarray  # (h, w) float32
-    wx: np.ndarray  # (h, w) weight * pixel-centre x
-    wy: np.ndarray  # (h, w) weight * pixel-centre y
+    xs: np.ndarray  # (h/2, w/2) float32 pixel-centre x of the samples
+    ys: np.ndarray
+    weight: np.ndarray  # (h/2, w/2) float32
+    wx: np.ndarray  # weight * xs
+    wy: np.ndarray  # weight * ys
     pivot: tuple[float, float]  # the neck, pixels
     face_width: float  # pixels (head travel is in face widths)
 
@@ -240,12 +246,15 @@ def _head_mask(mesh: fm.FaceMesh, width: int, height: int, include: Rect | None 
     rect = Rect.around(corners, width, height)
     if include is not None and not include.empty:
         rect = rect.union(include)
-    xs, ys = rect.grid()
+    rect = Rect(rect.x0, rect.y0, rect.x0 + rect.w // 2 * 2, rect.y0 + rect.h // 2 * 2)
+    # Samples at full-resolution pixel centres x0 + 2i + 0.5: a bilinear 2x resize puts them back exactly.
+    xs = np.broadcast_to(rect.x0 + 0.5 + 2 * np.arange(rect.w // 2, dtype=np.float32), (rect.h // 2, rect.w // 2)).copy()
+    ys = np.broadcast_to((rect.y0 + 0.5 + 2 * np.arange(rect.h // 2, dtype=np.float32))[:, None], (rect.h // 2, rect.w // 2)).copy()
     dx, dy = xs + 0.5 - centre[0], ys + 0.5 - centre[1]
     s, t = dx * ex[0] + dy * ex[1], dx * ey[0] + dy * ey[1]
     r = np.sqrt((s / a) ** 2 + (t / b) ** 2)
     k = np.clip((r - 1) / (band / np.sqrt(a * b)), 0, 1)
     w = (1 - k * k * (3 - 2 * k)).astype(np.float32)
     pivot = chin + 0.35 * face_h * ey
-    return HeadMask(rect=rect, weight=w, wx=w * xs, wy=w * ys, pivot=(float(pivot[0]), float(pivot[1])),
+    return HeadMask(rect=rect, xs=xs, ys=ys, weight=w, wx=w * xs, wy=w * ys, pivot=(float(pivot[0]), float(pivot[1])),
                     face_width=max(face_w, 1.0))

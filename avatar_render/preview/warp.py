@@ -107,10 +107,13 @@ def backward_map(ref: np.ndarray, moved: np.ndarray, triangles: np.ndarray, rect
         grown = cv2.dilate(labels.astype(np.float32), np.ones((3, 3), np.uint8))  # (exact for these ids)
         labels[holes] = grown[holes].astype(np.int32)
     ys, xs = np.nonzero(labels >= 0)
-    a = affine[labels[ys, xs]]  # (N, 2, 3)
-    px, py = xs + rect.x0 + 0.5, ys + rect.y0 + 0.5  # pixel centres, edge coordinates
-    out[ys, xs, 0] = a[:, 0, 0] * px + a[:, 0, 1] * py + a[:, 0, 2] - px
-    out[ys, xs, 1] = a[:, 1, 0] * px + a[:, 1, 1] * py + a[:, 1, 2] - py
+    # Affine maps relative to the rectangle's corner keep float32 exact enough.
+    local = affine.copy()
+    local[:, :, 2] += local[:, :, 0] * (rect.x0 + 0.5) + local[:, :, 1] * (rect.y0 + 0.5) - (rect.x0 + 0.5, rect.y0 + 0.5)
+    c = local.reshape(-1, 6).astype(np.float32)[labels[ys, xs]]  # (N, 6)
+    px, py = xs.astype(np.float32), ys.astype(np.float32)
+    out[ys, xs, 0] = c[:, 0] * px + c[:, 1] * py + c[:, 2] - px
+    out[ys, xs, 1] = c[:, 3] * px + c[:, 4] * py + c[:, 5] - py
     return out
 
 
