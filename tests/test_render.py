@@ -102,7 +102,7 @@ def mouth_box(ref: Path, width: int, height: int):
     cfg = load_config(None, (f"video.width={width}", f"video.height={height}"))
     static = build_preview(cfg).prepare(RequestInput(reference=load_reference(ref), reference_path=ref, width=width, height=height, seed=0))
     assert static.face_detected
-    return static.rig.layout.mouth
+    return static.rig.mesh.layout(detected=True).mouth
 
 
 def mouth_activity(frames: np.ndarray, still: np.ndarray, box) -> np.ndarray:

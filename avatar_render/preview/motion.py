@@ -22,8 +22,8 @@ HEAD = slice(DX, ZOOM + 1)
 SILENCE_DB = -50.0  # below this (dBFS) the mouth rests
 RANGE_DB = 30.0  # dynamic range below the running peak mapped onto the opening
 PEAK_FALL_DB_S = 4.0  # how fast the running peak forgets a loud passage
-QUIET_GAIN, LOUD_GAIN = 0.45, 1.2  # opening at the bottom and at the top of that range
-BLINK_S = (0.07, 0.04, 0.12)  # closing, closed, opening
+QUIET_GAIN, LOUD_GAIN = 0.45, 1.05  # opening at the bottom and at the top of that range
+BLINK_S = (0.07, 0.08, 0.12)  # closing, closed, opening
 EMPHASIS_DB = 6.0  # a rise this far above the slow level is an emphasis
 SLOW_LEVEL_S = 0.4  # time constant of the slow level
 NOD_S = 0.5  # length of a nod
@@ -79,7 +79,8 @@ def shape_mouth(targets: np.ndarray, energy_db: np.ndarray, peak_db: np.ndarray,
     voiced = np.clip((energy_db - SILENCE_DB) / 6.0, 0.0, 1.0)
     o, w = targets[:, 0], targets[:, 1]
     out = np.empty_like(targets)
-    out[:, 0] = np.where(o > 0, o * (QUIET_GAIN + (LOUD_GAIN - QUIET_GAIN) * level) * gain, o) * voiced
+    # Closures saturate: a lip closure that co-articulation leaves four fifths done is made complete.
+    out[:, 0] = np.where(o > 0, o * (QUIET_GAIN + (LOUD_GAIN - QUIET_GAIN) * level) * gain, np.maximum(o * 1.25, -1.0)) * voiced
     out[:, 1] = w * voiced
     return np.clip(out, -1.0, 1.0).astype(np.float32)
 

@@ -18,7 +18,7 @@ JAW_DROP = 0.32  # lower lip travel at open = 1, in mouth widths
 LIP_RAISE = 0.10  # upper lip travel up, as a fraction of the jaw's
 SPREAD = 0.12  # mouth widening at width = 1, as a fraction of the width
 ROUND = 0.28  # mouth narrowing at width = -1
-LID_TRAVEL = 0.93  # fraction of the eye opening the upper lid covers at a full blink
+LID_TRAVEL = 0.97  # fraction of the eye opening the upper lid covers at a full blink (the lower lid rises to meet it)
 LOWER_LID_TRAVEL = 0.05
 
 
