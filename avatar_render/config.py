@@ -46,7 +46,7 @@ class FaceConfig:
 
     box: Optional[list[int]] = None  # [x, y, w, h] in reference pixels; None = detect
     # dense landmarks (MediaPipe's face mesh, installed by scripts/fetch_face_model.py): auto = the installed
-    # model, else a template mesh on the detected boxes; off = always the template; or the model file's path
+    # model, else a template mesh on the detected boxes; template = always the template; or the model file's path
     landmarks: str = "auto"
 
 
@@ -207,7 +207,7 @@ def validate(cfg: Config) -> None:
         (0 <= cfg.preview.lip_shape <= 2, "preview.lip_shape", "must be between 0 and 2"),
         (cfg.preview.blink_interval_s >= 0, "preview.blink_interval_s", "must not be negative"),
         (0 <= cfg.preview.head_motion <= 5, "preview.head_motion", "must be between 0 and 5"),
-        (bool(cfg.face.landmarks), "face.landmarks", "must be auto, off or the path of face_landmark.tflite"),
+        (bool(cfg.face.landmarks), "face.landmarks", "must be auto, template or the path of face_landmark.tflite"),
         (
             cfg.face.box is None
             or (len(cfg.face.box) == 4 and min(cfg.face.box[2:]) > 0 and min(cfg.face.box[:2]) >= 0),

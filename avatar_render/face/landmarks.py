@@ -37,9 +37,9 @@ def model_search_paths() -> list[Path]:
 
 
 def find_model(setting: str = "auto") -> Path | None:
-    """The model file a ``face.landmarks`` setting names: ``auto`` (an installed one, or None), ``off`` (None)
-    or a path (which must exist)."""
-    if setting == "off":
+    """The model file a ``face.landmarks`` setting names: ``auto`` (an installed one, or None), ``template``
+    (None: the template mesh) or a path (which must exist)."""
+    if setting == "template":
         return None
     if setting == "auto":
         return next((p for p in model_search_paths() if p.is_file()), None)

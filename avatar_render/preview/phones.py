@@ -19,6 +19,7 @@ from avatar_render.pipeline.module import Module
 RATE = 16_000  # the acoustic model's sample rate
 GAP_S = 0.25  # a pause shorter than this inside speech is the closure of a stop consonant
 BURST_S = 0.025  # the release after it, whose spectrum tells lips from tongue
+LOUD_DB = -32.0  # a "pause" this loud (dBFS) is sound the recogniser could not name
 LIP_BURST_HF = 0.25  # share of the release's energy above 3 kHz under which the lips made the closure
 FRAME_S = 0.01  # PocketSphinx's frame shift
 _ACOUSTIC = ("mdef", "means", "variances", "transition_matrices", "sendump", "feat.params", "noisedict")
@@ -88,6 +89,10 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     """Name the short silences inside speech: the recogniser calls the closure of a p, b (or t, k) a pause.
     Lips made it when its release is low-pitched (little energy above 3 kHz): a B; otherwise a T."""
     out = list(phones)
+    for i, p in enumerate(out):  # sound the recogniser could not place (noise, an unknown voice): a neutral open vowel
+        seg = audio[round(p.start * RATE) : round(p.end * RATE)]
+        if p.label == "SIL" and p.end - p.start >= GAP_S and len(seg) and 10 * np.log10(np.mean(seg**2) + 1e-12) > LOUD_DB:
+            out[i] = Phone("AH", p.start, p.end)
     n = round(BURST_S * RATE)
     freqs = np.fft.rfftfreq(n, 1 / RATE)
     for i in range(1, len(out) - 1):

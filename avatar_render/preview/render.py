@@ -36,7 +36,7 @@ def render_frame(rig: FaceRig, p: np.ndarray, out: np.ndarray | None = None) -> 
         out[:] = rig.image
     head = rig.head
     rect = head.rect
-    if rect.empty:
+    if rect.empty or not np.any(p):
         return out
     inv = head_inverse(rig, p)
     # Head: source = x + weight * (inv(x) - x), the background still where the weight is 0.
@@ -48,6 +48,7 @@ def render_frame(rig: FaceRig, p: np.ndarray, out: np.ndarray | None = None) -> 
     my = cv2.scaleAdd(head.weight, float(inv[1, 2]), my)
     mx = cv2.resize(mx, (rect.w, rect.h), interpolation=cv2.INTER_LINEAR)
     my = cv2.resize(my, (rect.w, rect.h), interpolation=cv2.INTER_LINEAR)
+    _edges(mx, my, rect, head, inv)
     fwd = cv2.invertAffineTransform(inv)
     mouth_moves = rig.mouth_bank is not None and (p[OPEN] != 0 or p[WIDTH] != 0)
     if mouth_moves:
@@ -60,6 +61,19 @@ def render_frame(rig: FaceRig, p: np.ndarray, out: np.ndarray | None = None) -> 
     if rig.eyes is not None and p[BLINK] > 0:
         _eye_gaps(out, rig, float(p[BLINK]), inv, fwd)
     return out
+
+
+def _edges(mx: np.ndarray, my: np.ndarray, rect: Rect, head, inv: np.ndarray) -> None:
+    """The resize cannot reach the outermost rows and columns exactly (it clamps there): set them directly."""
+    cols = np.arange(rect.x0, rect.x1, dtype=np.float32)
+    rows = np.arange(rect.y0, rect.y1, dtype=np.float32)
+    hw = head.weight
+    for sl, xs, ys, k in (((0, slice(None)), cols, np.full_like(cols, rect.y0), np.repeat(hw[0], 2)[: rect.w]),
+                          ((-1, slice(None)), cols, np.full_like(cols, rect.y1 - 1), np.repeat(hw[-1], 2)[: rect.w]),
+                          ((slice(None), 0), np.full_like(rows, rect.x0), rows, np.repeat(hw[:, 0], 2)[: rect.h]),
+                          ((slice(None), -1), np.full_like(rows, rect.x1 - 1), rows, np.repeat(hw[:, -1], 2)[: rect.h])):
+        mx[sl] = xs + k * (inv[0, 0] * xs + inv[0, 1] * ys + inv[0, 2] - xs)
+        my[sl] = ys + k * (inv[1, 0] * xs + inv[1, 1] * ys + inv[1, 2] - ys)
 
 
 def _forward_rect(fwd: np.ndarray, pts: np.ndarray, within: Rect, margin: float) -> Rect:
