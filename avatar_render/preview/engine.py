@@ -66,8 +66,8 @@ class SpeechFeatures:
 @dataclass(frozen=True)
 class MotionAnchor:
     params: np.ndarray  # (len(PARAMS),) float32 at the anchor frame
-    first: int  # frame of targets[0]
-    targets: np.ndarray  # (m, 2) float32 mouth shapes the N chunk saw, its frames and a few either side
+    first: int  # frame of mouth[0]
+    mouth: np.ndarray  # (m, 2) float32 the N chunk's mouth (open, width) over its frames and a few either side
 
 
 @dataclass(frozen=True)
@@ -79,14 +79,14 @@ class MotionSegment(Segment):
 class MotionChunk(Generated):
     params: np.ndarray  # (plan.num_frames, len(PARAMS)) float32
     first: int
-    targets: np.ndarray  # (m, 2) float32, from frame ``first``
+    mouth: np.ndarray  # (m, 2) float32, from frame ``first``: the mouth this chunk made of what it heard
 
     def segment(self, start: int, end: int) -> MotionSegment:
         s = start - self.plan.start
         return MotionSegment(start=start, end=end, params=self.params[s : s + end - start].copy())
 
     def anchor(self, frame: int) -> MotionAnchor:
-        return MotionAnchor(params=self.params[frame - self.plan.start].copy(), first=self.first, targets=self.targets.copy())
+        return MotionAnchor(params=self.params[frame - self.plan.start].copy(), first=self.first, mouth=self.mouth.copy())
 
 
 class PreviewInit(Stage[RequestInput, PreviewStatic]):
@@ -192,7 +192,7 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
         params[:, HEAD] = head_track(plan.start, n, carry, fps=fps, amount=self.head_motion, seed=seed)
         ahead = tuple((float(o), float(w)) for o, w in mouth[s + n : s + n + AHEAD])
         carry = dataclasses.replace(carry, peak_db=float(peaks[-1]) if n else carry.peak_db, mouth_ahead=ahead)
-        return MotionChunk(plan=plan, params=params, first=x.first, targets=x.targets), carry
+        return MotionChunk(plan=plan, params=params, first=x.first, mouth=mouth), carry
 
     def _lip_shape(self, targets: np.ndarray) -> np.ndarray:
         out = targets.copy()
@@ -200,33 +200,32 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
         return out
 
     def _between(self, x: SpeechFeatures, carry: MotionCarry) -> MotionChunk:
-        """An I chunk: the mouth from both N chunks' shapes, crossfaded over the seam; blinks and nods replayed
-        from the carry; all bent to land exactly on the two anchor frames."""
+        """An I chunk: the mouth both N chunks made of the seam's sound, crossfaded over it (each N chunk's own
+        frames at the ends, so both edges continue their motion); blinks and nods replayed from the carry;
+        all bent to land exactly on the two anchor frames."""
         plan, fps, seed, n = x.chunk.plan, x.chunk.fps, x.chunk.seed, x.chunk.plan.num_frames
         before, after = x.chunk.anchors  # MotionAnchor each
         frames = plan.start + np.arange(n)
-        a, b = _targets_at(before, frames), _targets_at(after, frames)
+        a, b = _mouth_at(before, frames), _mouth_at(after, frames)
         u = np.linspace(0.0, 1.0, n, dtype=np.float32)[:, None]
         w = u * u * (3 - 2 * u)
-        raw = np.where(np.isnan(a), b, np.where(np.isnan(b), a, (1 - w) * a + w * b))
-        raw = np.nan_to_num(raw)
+        mouth = np.nan_to_num(np.where(np.isnan(a), b, np.where(np.isnan(b), a, (1 - w) * a + w * b)))
         params = np.zeros((n, len(PARAMS)), np.float32)
-        params[:, MOUTH] = shape_mouth(self._lip_shape(raw), x.energy_db, np.full(n, carry.peak_db, np.float32),
-                                       gain=self.mouth_gain)
+        params[:, MOUTH] = mouth
         params[:, BLINK], _ = blink_track(plan.start, n, carry, fps=fps, interval_s=self.blink_interval_s, seed=seed,
                                           advance=False)
         params[:, HEAD] = head_track(plan.start, n, carry, fps=fps, amount=self.head_motion, seed=seed)
         # Bend the fresh motion so that both ends land exactly on the anchors, smoothly.
         params = params + (1 - w) * (before.params - params[0]) + w * (after.params - params[-1])
-        return MotionChunk(plan=plan, params=params.astype(np.float32), first=plan.start, targets=raw.astype(np.float32))
+        return MotionChunk(plan=plan, params=params.astype(np.float32), first=plan.start, mouth=mouth.astype(np.float32))
 
 
-def _targets_at(anchor: MotionAnchor, frames: np.ndarray) -> np.ndarray:
-    """The anchor's mouth shapes at the given frames; NaN where it saw none. -> (len(frames), 2)."""
+def _mouth_at(anchor: MotionAnchor, frames: np.ndarray) -> np.ndarray:
+    """The anchor's chunk's mouth at the given frames; NaN where it made none. -> (len(frames), 2)."""
     idx = frames - anchor.first
-    ok = (idx >= 0) & (idx < len(anchor.targets))
+    ok = (idx >= 0) & (idx < len(anchor.mouth))
     out = np.full((len(frames), 2), np.nan, np.float32)
-    out[ok] = anchor.targets[idx[ok]]
+    out[ok] = anchor.mouth[idx[ok]]
     return out
 
 
