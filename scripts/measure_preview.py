@@ -140,8 +140,24 @@ def main() -> None:
         x1, y1 = np.ceil(pts.max(axis=0)).astype(int) - (0, 1)
         teeth_box = (x0, y0, x1, y0 + max(3, int(0.6 * (y1 - y0))))  # the upper teeth, away from the lower lip
     lips_region = np.zeros((info.height, info.width), np.uint8)
-    cv2.fillPoly(lips_region, [np.round(np.concatenate([ref_mesh.at(fm.LIPS_OUTER_UPPER), ref_mesh.at(fm.LIPS_OUTER_LOWER)[::-1]])).astype(np.int32)], 1)
-    cv2.fillPoly(lips_region, [np.round(np.concatenate([ref_mesh.at(fm.LIPS_INNER_UPPER), ref_mesh.at(fm.LIPS_INNER_LOWER)[::-1]])).astype(np.int32)], 0)
+    cv2.fillPoly(
+        lips_region,
+        [
+            np.round(np.concatenate([ref_mesh.at(fm.LIPS_OUTER_UPPER), ref_mesh.at(fm.LIPS_OUTER_LOWER)[::-1]])).astype(
+                np.int32
+            )
+        ],
+        1,
+    )
+    cv2.fillPoly(
+        lips_region,
+        [
+            np.round(np.concatenate([ref_mesh.at(fm.LIPS_INNER_UPPER), ref_mesh.at(fm.LIPS_INNER_LOWER)[::-1]])).astype(
+                np.int32
+            )
+        ],
+        0,
+    )
     lip_luma = float(np.median(ref_luma[lips_region > 0]))
     gaps, widths, eyes, ssim_still, ssim_bg, teeth, visible = [], [], [], [], [], [], []
     for frame in iter_frames(args.video):
@@ -172,34 +188,73 @@ def main() -> None:
     level, top = speech_level_db(rms)
     silent = level < top - SILENCE_DB
     guard = max(1, round(SILENCE_GUARD_S * fps))
-    sustained = np.lib.stride_tricks.sliding_window_view(np.pad(silent, guard, constant_values=True), 2 * guard + 1).all(axis=1)
+    sustained = np.lib.stride_tricks.sliding_window_view(
+        np.pad(silent, guard, constant_values=True), 2 * guard + 1
+    ).all(axis=1)
     speech = ~silent
     opening = np.maximum(gaps - rest_gap, 0)
     visible = np.array(visible)
-    rest_visible = float((np.abs(ref_luma[cv2.fillPoly(np.zeros_like(lips_region), [np.round(np.concatenate([ref_mesh.at(fm.LIPS_OUTER_UPPER), ref_mesh.at(fm.LIPS_OUTER_LOWER)[::-1]])).astype(np.int32)], 1) > 0] - lip_luma) >= 40).sum()) / scale**2
+    rest_visible = (
+        float(
+            (
+                np.abs(
+                    ref_luma[
+                        cv2.fillPoly(
+                            np.zeros_like(lips_region),
+                            [
+                                np.round(
+                                    np.concatenate(
+                                        [ref_mesh.at(fm.LIPS_OUTER_UPPER), ref_mesh.at(fm.LIPS_OUTER_LOWER)[::-1]]
+                                    )
+                                ).astype(np.int32)
+                            ],
+                            1,
+                        )
+                        > 0
+                    ]
+                    - lip_luma
+                )
+                >= 40
+            ).sum()
+        )
+        / scale**2
+    )
     vis_open = np.maximum(visible - rest_visible, 0)
     out: dict = {
-        "video": str(args.video), "frames": n, "fps": fps, "landmarks": "MediaPipe face mesh (468 points) on each frame",
+        "video": str(args.video),
+        "frames": n,
+        "fps": fps,
+        "landmarks": "MediaPipe face mesh (468 points) on each frame",
         "rest_lip_gap": round(rest_gap, 4),
         "r_lip_gap_vs_level": round(pearson(gaps, level), 3),
-        "r_best_lag": max((round(pearson(gaps[max(k, 0): n + min(k, 0)], level[max(-k, 0): n - max(k, 0)]), 3), k)
-                          for k in range(-4, 5)),
+        "r_best_lag": max(
+            (round(pearson(gaps[max(k, 0) : n + min(k, 0)], level[max(-k, 0) : n - max(k, 0)]), 3), k)
+            for k in range(-4, 5)
+        ),
         "r_visible_opening_vs_level": round(pearson(visible, level), 3),
         "rest_visible_opening": round(rest_visible, 4),
-        "visible_opening_silence_over_speech": round(float(vis_open[sustained].mean() / max(vis_open[speech].mean(), 1e-9)), 4)
-        if sustained.any() and speech.any() else None,
+        "visible_opening_silence_over_speech": round(
+            float(vis_open[sustained].mean() / max(vis_open[speech].mean(), 1e-9)), 4
+        )
+        if sustained.any() and speech.any()
+        else None,
         "silence_s": round(float(sustained.sum() / fps), 2),
         "opening_silence_over_speech": round(float(opening[sustained].mean() / max(opening[speech].mean(), 1e-9)), 4)
-        if sustained.any() and speech.any() else None,
-        "blinks": blink_count(eyes), "blinks_per_minute": round(blink_count(eyes) / (n / fps / 60), 1),
-        "ssim_still_mean": round(float(np.mean(ssim_still)), 4), "ssim_still_min": round(float(np.min(ssim_still)), 4),
+        if sustained.any() and speech.any()
+        else None,
+        "blinks": blink_count(eyes),
+        "blinks_per_minute": round(blink_count(eyes) / (n / fps / 60), 1),
+        "ssim_still_mean": round(float(np.mean(ssim_still)), 4),
+        "ssim_still_min": round(float(np.min(ssim_still)), 4),
         "ssim_background_min": round(float(np.nanmin(ssim_bg)), 4),
     }
     if teeth:
         apart = gaps > 0.5 * rest_gap
         t = np.array(teeth)
         out["teeth_ncc_min_lips_apart"] = round(float(t[apart].min()), 3) if apart.any() else None
-        out["teeth_present_frames"] = f"{int((t[apart] > 0.7).sum())}/{int(apart.sum())} (lips apart; {int((~apart).sum())} frames lips closed over them)"
+        out["teeth_present_frames"] = (
+            f"{int((t[apart] > 0.7).sum())}/{int(apart.sum())} (lips apart; {int((~apart).sum())} lips closed)"
+        )
     if args.text is not None:
         phones = align(args.audio, args.text.read_text())
         median = float(np.median(gaps[speech]))

@@ -50,7 +50,10 @@ def main() -> None:
 
     for i, frame in enumerate(iter_frames(args.video)):
         r = tracker.read(frame)
-        turn = math.degrees(abs(math.atan2(r.head[1, 0], r.head[0, 0]))) + 100 * float(np.hypot(*r.head[:, 2])) / info.width
+        turn = (
+            math.degrees(abs(math.atan2(r.head[1, 0], r.head[0, 0])))
+            + 100 * float(np.hypot(*r.head[:, 2])) / info.width
+        )
         offer("open", r.lip_gap, i, frame)
         offer("closed", -r.lip_gap, i, frame)
         offer("blink", -r.eye_opening, i, frame)
@@ -68,8 +71,11 @@ def main() -> None:
             x, y, w, h = box
             image = cv2.getRectSubPix(image, (w, h), (x + w / 2, y + h / 2))
         scale = TILE / max(image.shape[:2])
-        image = cv2.resize(image, (round(image.shape[1] * scale), round(image.shape[0] * scale)),
-                           interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_CUBIC)
+        image = cv2.resize(
+            image,
+            (round(image.shape[1] * scale), round(image.shape[0] * scale)),
+            interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_CUBIC,
+        )
         canvas = np.full((TILE + 24, TILE, 3), 255, np.uint8)
         canvas[: image.shape[0], : image.shape[1]] = image
         cv2.putText(canvas, label, (6, TILE + 17), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1, cv2.LINE_AA)

@@ -65,8 +65,16 @@ def test_short_pauses_in_speech_become_closures():
 
 
 def test_visemes_close_for_m_and_spread_ee_rounded_oo():
-    phones = (Phone("SIL", 0, 0.3), Phone("AA", 0.3, 0.5), Phone("M", 0.5, 0.58), Phone("AA", 0.58, 0.8),
-              Phone("IY", 0.8, 1.1), Phone("SIL", 1.1, 1.4), Phone("UW", 1.4, 1.7), Phone("SIL", 1.7, 2.4))
+    phones = (
+        Phone("SIL", 0, 0.3),
+        Phone("AA", 0.3, 0.5),
+        Phone("M", 0.5, 0.58),
+        Phone("AA", 0.58, 0.8),
+        Phone("IY", 0.8, 1.1),
+        Phone("SIL", 1.1, 1.4),
+        Phone("UW", 1.4, 1.7),
+        Phone("SIL", 1.7, 2.4),
+    )
     times = np.arange(0.02, 2.4, 0.04)
     shapes = mouth_targets(phones, times)
     at = lambda s: shapes[int(np.argmin(np.abs(times - s)))]  # noqa: E731
@@ -75,7 +83,9 @@ def test_visemes_close_for_m_and_spread_ee_rounded_oo():
     assert at(0.95)[1] > 0.6 and at(1.55)[1] < -0.6  # ee spread, oo rounded
     assert abs(at(2.3)[0]) < 0.05 and abs(at(2.3)[1]) < 0.05  # silence: the reference's own mouth
     d = np.diff(shapes[:, 0])
-    assert not np.any((np.abs(d[:-1]) > 0.5) & (np.abs(d[1:]) > 0.5) & (np.sign(d[:-1]) != np.sign(d[1:])))  # no one-frame shapes
+    assert not np.any(
+        (np.abs(d[:-1]) > 0.5) & (np.abs(d[1:]) > 0.5) & (np.sign(d[:-1]) != np.sign(d[1:]))
+    )  # no one-frame shapes
 
 
 def test_blinks_and_nods_replay_exactly_in_an_i_chunk():
@@ -144,7 +154,7 @@ def test_closures_blinks_and_head_motion_move_only_their_parts(example):
     assert np.abs(blink - ref)[eye[1] - 2 : eye[1] + 2, eye[0] - 5 : eye[0] + 5].mean() > 20  # lid over the eye
     assert np.abs(blink - ref)[mouth[1] - 5 : mouth[1] + 5].max() == 0
     turned = render_frame(rig, row(dx=0.02, roll=2.0)).astype(np.int16)
-    assert np.abs(turned - ref)[: 3].max() == 0 and np.abs(turned - ref)[:, -3:].max() == 0  # background still
+    assert np.abs(turned - ref)[:3].max() == 0 and np.abs(turned - ref)[:, -3:].max() == 0  # background still
     assert np.abs(turned - ref)[eye[1] - 5 : eye[1] + 5].mean() > 5
 
 
@@ -165,6 +175,8 @@ def test_face_off_centre_and_template_fallback(tmp_path):
     Image.fromarray(canvas).save(path)
     for setting in ("auto", "template"):
         static = rig_for(640, 360, f"face.landmarks={setting}", ref=path)
-        assert static.face_detected and static.landmarks == ("model" if setting == "auto" and find_model() else "template")
+        assert static.face_detected and static.landmarks == (
+            "model" if setting == "auto" and find_model() else "template"
+        )
         frame = render_frame(static.rig, row(open_=0.5))
         assert np.abs(frame.astype(np.int16) - static.rig.image).max() > 30  # the mouth moved

@@ -45,8 +45,10 @@ def find_model(setting: str = "auto") -> Path | None:
         return next((p for p in model_search_paths() if p.is_file()), None)
     path = Path(setting).expanduser()
     if not path.is_file():
-        raise AvatarRenderError(f"The face landmark model '{path}' (face.landmarks) does not exist; "
-                                f"get it with {GET_MODEL}, or set face.landmarks=auto.")
+        raise AvatarRenderError(
+            f"The face landmark model '{path}' (face.landmarks) does not exist; "
+            f"get it with {GET_MODEL}, or set face.landmarks=auto."
+        )
     return path
 
 
@@ -64,8 +66,10 @@ class Roi:
         s = _INPUT / self.side
         c, n = math.cos(self.angle) * s, math.sin(self.angle) * s
         # Rotate by -angle about the centre, scale, move the centre to the middle of the input.
-        return np.array([[c, n, _INPUT / 2 - c * self.cx - n * self.cy],
-                         [-n, c, _INPUT / 2 + n * self.cx - c * self.cy]], np.float64)
+        return np.array(
+            [[c, n, _INPUT / 2 - c * self.cx - n * self.cy], [-n, c, _INPUT / 2 + n * self.cx - c * self.cy]],
+            np.float64,
+        )
 
 
 class LandmarkModel(Module):
@@ -88,7 +92,9 @@ class LandmarkModel(Module):
             net.setInput(np.zeros((1, 3, _INPUT, _INPUT), np.float32))
             outs = net.forward(net.getUnconnectedOutLayersNames())
         except cv2.error:
-            raise AvatarRenderError(f"The face landmark model '{self.path}' could not be read; get it again with {GET_MODEL}.") from None
+            raise AvatarRenderError(
+                f"The face landmark model '{self.path}' could not be read; get it again with {GET_MODEL}."
+            ) from None
         names = list(net.getUnconnectedOutLayersNames())
         sizes = [int(np.prod(o.shape)) for o in outs]
         if sorted(sizes) != [1, NUM_POINTS * 3]:
@@ -119,8 +125,13 @@ class LandmarkModel(Module):
         to_input = roi.to_input()
         centred = to_input.copy()
         centred[:, 2] += to_input[:, :2].sum(axis=1) * 0.5 - 0.5  # cv2 samples at pixel centres
-        crop = cv2.warpAffine(np.ascontiguousarray(image), centred, (_INPUT, _INPUT), flags=cv2.INTER_LINEAR,
-                              borderMode=cv2.BORDER_CONSTANT)  # (192, 192, 3) uint8
+        crop = cv2.warpAffine(
+            np.ascontiguousarray(image),
+            centred,
+            (_INPUT, _INPUT),
+            flags=cv2.INTER_LINEAR,
+            borderMode=cv2.BORDER_CONSTANT,
+        )  # (192, 192, 3) uint8
         self._net.setInput(cv2.dnn.blobFromImage(crop, scalefactor=1 / 255.0))  # RGB in [0, 1], as trained
         points, score = self._net.forward(self._outputs)
         if 1 / (1 + math.exp(-float(score.ravel()[0]))) < _MIN_SCORE:

@@ -26,8 +26,44 @@ LEFT_EYE_UPPER = (33, 246, 161, 160, 159, 158, 157, 173, 133)
 LEFT_EYE_LOWER = (33, 7, 163, 144, 145, 153, 154, 155, 133)
 RIGHT_EYE_UPPER = (362, 398, 384, 385, 386, 387, 388, 466, 263)
 RIGHT_EYE_LOWER = (362, 382, 381, 380, 374, 373, 390, 249, 263)
-FACE_OVAL = (10, 338, 297, 332, 284, 251, 389, 356, 454, 323, 361, 288, 397, 365, 379, 378, 400, 377, 152,
-             148, 176, 149, 150, 136, 172, 58, 132, 93, 234, 127, 162, 21, 54, 103, 67, 109)  # closed loop
+FACE_OVAL = (
+    10,
+    338,
+    297,
+    332,
+    284,
+    251,
+    389,
+    356,
+    454,
+    323,
+    361,
+    288,
+    397,
+    365,
+    379,
+    378,
+    400,
+    377,
+    152,
+    148,
+    176,
+    149,
+    150,
+    136,
+    172,
+    58,
+    132,
+    93,
+    234,
+    127,
+    162,
+    21,
+    54,
+    103,
+    67,
+    109,
+)  # closed loop
 CHIN = 152
 # Points that move with the skull only (no lips, jaw, lids): forehead, nose bridge and tip, eye corners, temples.
 RIGID = (10, 151, 9, 8, 168, 6, 197, 195, 5, 4, 1, 33, 133, 362, 263, 127, 356, 234, 454, 70, 300, 105, 334)
@@ -75,7 +111,7 @@ class FaceMesh:
         return float(np.linalg.norm(self.points[291] - self.points[61]))
 
     def lip_gap(self) -> float:
-        """Mean distance between the inner contours of the lips (their middle five points), along the face's vertical."""
+        """Mean distance between the inner lip contours (their middle five points), along the face's vertical."""
         _, ey = self.axes()
         up, low = self.at(LIPS_INNER_UPPER[3:8]), self.at(LIPS_INNER_LOWER[3:8])
         return float(max(0.0, ((low - up) @ ey).mean()))
@@ -106,8 +142,11 @@ class FaceMesh:
         lx0, ly0 = lips.min(axis=0)
         lx1, ly1 = lips.max(axis=0)
         return FaceLayout(
-            face=Box(x0, top, x1 - x0, bottom - top), left_eye=eyes[0], right_eye=eyes[1],
-            mouth=Box(float(lx0), float(ly0), float(lx1 - lx0), float(ly1 - ly0)), detected=detected,
+            face=Box(x0, top, x1 - x0, bottom - top),
+            left_eye=eyes[0],
+            right_eye=eyes[1],
+            mouth=Box(float(lx0), float(ly0), float(lx1 - lx0), float(ly1 - ly0)),
+            detected=detected,
         )
 
 
@@ -120,8 +159,14 @@ def template_mesh(layout: FaceLayout) -> FaceMesh:
     t = np.load(_TEMPLATE).astype(np.float32)  # (468, 2)
     lips = t[list(LIPS_OUTER_UPPER + LIPS_OUTER_LOWER)].mean(axis=0)
     src = np.array([[-0.5, 0.0], [0.5, 0.0], lips], np.float32)
-    dst = np.array([[layout.left_eye.cx, layout.left_eye.cy], [layout.right_eye.cx, layout.right_eye.cy],
-                    [layout.mouth.cx, layout.mouth.cy]], np.float32)
+    dst = np.array(
+        [
+            [layout.left_eye.cx, layout.left_eye.cy],
+            [layout.right_eye.cx, layout.right_eye.cy],
+            [layout.mouth.cx, layout.mouth.cy],
+        ],
+        np.float32,
+    )
     a = _affine_from_3(src, dst)
     return FaceMesh(points=(t @ a[:, :2].T + a[:, 2]).astype(np.float32), source="template")
 

@@ -30,8 +30,14 @@ class FaceReading:
 class FaceTracker:
     """Landmarks frame after frame: found from a face box in the first frame, then followed."""
 
-    def __init__(self, model: LandmarkModel, reference: fm.FaceMesh, *, image: np.ndarray | None = None,
-                 still: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        model: LandmarkModel,
+        reference: fm.FaceMesh,
+        *,
+        image: np.ndarray | None = None,
+        still: np.ndarray | None = None,
+    ) -> None:
         """With the reference ``image`` and a ``still`` mask of it, the head pose is refined by aligning the
         frame's pixels to the reference's there (ECC), a tenth of a pixel where landmarks give about one."""
         self.model = model
@@ -54,15 +60,31 @@ class FaceTracker:
         if self._grey is not None:
             grey = cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY).astype(np.float32)
             try:
-                _, fine = cv2.findTransformECC(self._grey, grey, head.astype(np.float32), cv2.MOTION_AFFINE,
-                                               (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 60, 1e-5), self._still, 5)
+                _, fine = cv2.findTransformECC(
+                    self._grey,
+                    grey,
+                    head.astype(np.float32),
+                    cv2.MOTION_AFFINE,
+                    (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 60, 1e-5),
+                    self._still,
+                    5,
+                )
             except cv2.error:  # no convergence: keep the landmarks' estimate
                 fine = None
             # (ECC can run away on a frame; a refinement is only taken near where the landmarks put the head)
-            if fine is not None and np.abs(fine[:, :2] - head[:, :2]).max() < 0.03 and np.abs(fine[:, 2] - head[:, 2]).max() < 8:
+            if (
+                fine is not None
+                and np.abs(fine[:, :2] - head[:, :2]).max() < 0.03
+                and np.abs(fine[:, 2] - head[:, 2]).max() < 8
+            ):
                 head = fine.astype(np.float64)
-        return FaceReading(lip_gap=mesh.lip_gap() / self.scale, mouth_width=mesh.mouth_width() / self.scale,
-                           eye_opening=mesh.eye_opening(), head=head, mesh=mesh)
+        return FaceReading(
+            lip_gap=mesh.lip_gap() / self.scale,
+            mouth_width=mesh.mouth_width() / self.scale,
+            eye_opening=mesh.eye_opening(),
+            head=head,
+            mesh=mesh,
+        )
 
 
 def ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -91,7 +113,9 @@ def still_mask(mesh: fm.FaceMesh, shape: tuple[int, int]) -> np.ndarray:
     lower = [p for p in centre + (oval - centre) * 1.12 if (p - centre) @ ey > nose]
     if lower:
         d = mesh.eye_distance
-        pts = np.array(lower + [mesh.points[61] - (0.35 * d, 0.1 * d), mesh.points[291] + (0.35 * d, -0.1 * d)], np.float32)
+        pts = np.array(
+            lower + [mesh.points[61] - (0.35 * d, 0.1 * d), mesh.points[291] + (0.35 * d, -0.1 * d)], np.float32
+        )
         cv2.fillPoly(move, [np.round(cv2.convexHull(pts)).astype(np.int32)], 1)
     for upper, low in ((fm.LEFT_EYE_UPPER, fm.LEFT_EYE_LOWER), (fm.RIGHT_EYE_UPPER, fm.RIGHT_EYE_LOWER)):
         pts = mesh.at(upper + low)
@@ -104,4 +128,6 @@ def still_mask(mesh: fm.FaceMesh, shape: tuple[int, int]) -> np.ndarray:
 def undo_head(frame: np.ndarray, head: np.ndarray) -> np.ndarray:
     """The frame warped back by its head similarity (reference geometry)."""
     h, w = frame.shape[:2]
-    return cv2.warpAffine(frame, cv2.invertAffineTransform(head), (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    return cv2.warpAffine(
+        frame, cv2.invertAffineTransform(head), (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+    )

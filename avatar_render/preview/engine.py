@@ -86,7 +86,9 @@ class MotionChunk(Generated):
         return MotionSegment(start=start, end=end, params=self.params[s : s + end - start].copy())
 
     def anchor(self, frame: int) -> MotionAnchor:
-        return MotionAnchor(params=self.params[frame - self.plan.start].copy(), first=self.first, mouth=self.mouth.copy())
+        return MotionAnchor(
+            params=self.params[frame - self.plan.start].copy(), first=self.first, mouth=self.mouth.copy()
+        )
 
 
 class PreviewInit(Stage[RequestInput, PreviewStatic]):
@@ -138,8 +140,9 @@ class SpeechContext(Stage[ChunkInput, SpeechFeatures]):
         plan, fps = x.plan, x.fps
         margin = 0 if plan.kind == "I" else extra_frames(x.audio_pad_s, fps)
         first, m = plan.start - margin, plan.num_frames + 2 * margin
-        energy = frame_energy_db(x.audio, rate=x.audio_rate, fps=fps, first=first, num_frames=m,
-                                 pad_s=x.audio_pad_s, window_start=plan.start)
+        energy = frame_energy_db(
+            x.audio, rate=x.audio_rate, fps=fps, first=first, num_frames=m, pad_s=x.audio_pad_s, window_start=plan.start
+        )
         if plan.kind == "I":
             return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=None), None
         if self.recognizer is None:
@@ -177,8 +180,13 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
         fps, seed, n = x.chunk.fps, x.chunk.seed, plan.num_frames
         s = plan.start - x.first
         peaks = running_peak(x.energy_db[s : s + n], carry.peak_db, fps=fps)
-        peak_ext = np.concatenate([np.full(s, carry.peak_db, np.float32), peaks,
-                                   np.full(len(x.energy_db) - s - n, peaks[-1] if n else carry.peak_db, np.float32)])
+        peak_ext = np.concatenate(
+            [
+                np.full(s, carry.peak_db, np.float32),
+                peaks,
+                np.full(len(x.energy_db) - s - n, peaks[-1] if n else carry.peak_db, np.float32),
+            ]
+        )
         targets = self._lip_shape(x.targets)
         mouth = shape_mouth(targets, x.energy_db, peak_ext, gain=self.mouth_gain)  # (m, 2)
         params = np.zeros((n, len(PARAMS)), np.float32)
@@ -186,8 +194,9 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
         for i, ahead in enumerate(carry.mouth_ahead[: min(AHEAD, n)]):
             w = 1.0 - i / AHEAD  # the last chunk's view of these frames, faded out
             params[i, MOUTH] = w * np.array(ahead, np.float32) + (1 - w) * params[i, MOUTH]
-        params[:, BLINK], carry = blink_track(plan.start, n, carry, fps=fps, interval_s=self.blink_interval_s,
-                                              seed=seed, advance=True)
+        params[:, BLINK], carry = blink_track(
+            plan.start, n, carry, fps=fps, interval_s=self.blink_interval_s, seed=seed, advance=True
+        )
         carry = emphasis(plan.start, x.energy_db[s : s + n], carry, fps=fps)
         params[:, HEAD] = head_track(plan.start, n, carry, fps=fps, amount=self.head_motion, seed=seed)
         ahead = tuple((float(o), float(w)) for o, w in mouth[s + n : s + n + AHEAD])
@@ -212,12 +221,15 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
         mouth = np.nan_to_num(np.where(np.isnan(a), b, np.where(np.isnan(b), a, (1 - w) * a + w * b)))
         params = np.zeros((n, len(PARAMS)), np.float32)
         params[:, MOUTH] = mouth
-        params[:, BLINK], _ = blink_track(plan.start, n, carry, fps=fps, interval_s=self.blink_interval_s, seed=seed,
-                                          advance=False)
+        params[:, BLINK], _ = blink_track(
+            plan.start, n, carry, fps=fps, interval_s=self.blink_interval_s, seed=seed, advance=False
+        )
         params[:, HEAD] = head_track(plan.start, n, carry, fps=fps, amount=self.head_motion, seed=seed)
         # Bend the fresh motion so that both ends land exactly on the anchors, smoothly.
         params = params + (1 - w) * (before.params - params[0]) + w * (after.params - params[-1])
-        return MotionChunk(plan=plan, params=params.astype(np.float32), first=plan.start, mouth=mouth.astype(np.float32))
+        return MotionChunk(
+            plan=plan, params=params.astype(np.float32), first=plan.start, mouth=mouth.astype(np.float32)
+        )
 
 
 def _mouth_at(anchor: MotionAnchor, frames: np.ndarray) -> np.ndarray:
@@ -249,8 +261,12 @@ def build_preview(cfg: Config) -> Pipeline:
         init=PreviewInit(face_box=cfg.face.box, landmarks=cfg.face.landmarks),
         generate=(
             SpeechContext(phones=p.phones),
-            PreviewAnimator(mouth_gain=p.mouth_gain, lip_shape=p.lip_shape, blink_interval_s=p.blink_interval_s,
-                            head_motion=p.head_motion),
+            PreviewAnimator(
+                mouth_gain=p.mouth_gain,
+                lip_shape=p.lip_shape,
+                blink_interval_s=p.blink_interval_s,
+                head_motion=p.head_motion,
+            ),
         ),
         decode=PreviewRender(),
         sizes=ChunkSizes(cfg.chunk.chunk_frames, cfg.chunk.context_frames, cfg.chunk.transition_frames),

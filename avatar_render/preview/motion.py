@@ -14,7 +14,15 @@ from fractions import Fraction
 
 import numpy as np
 
-PARAMS = ("open", "width", "blink", "dx", "dy", "roll", "zoom")  # open, width in [-1, 1] (see shapes); blink in [0, 1]; dx, dy in face widths; roll in degrees
+PARAMS = (
+    "open",
+    "width",
+    "blink",
+    "dx",
+    "dy",
+    "roll",
+    "zoom",
+)  # open, width in [-1, 1] (see shapes); blink in [0, 1]; dx, dy in face widths; roll in degrees
 OPEN, WIDTH, BLINK, DX, DY, ROLL, ZOOM = range(len(PARAMS))
 MOUTH = slice(OPEN, WIDTH + 1)
 HEAD = slice(DX, ZOOM + 1)
@@ -41,8 +49,9 @@ class MotionCarry:
     nods: tuple[tuple[int, float], ...] = ()  # recent emphasis (frame, strength), oldest first
 
 
-def frame_energy_db(audio: np.ndarray, *, rate: int, fps: Fraction, first: int, num_frames: int, pad_s: float,
-                    window_start: int) -> np.ndarray:
+def frame_energy_db(
+    audio: np.ndarray, *, rate: int, fps: Fraction, first: int, num_frames: int, pad_s: float, window_start: int
+) -> np.ndarray:
     """RMS level in dBFS of a 1.5-frame window around the centres of frames first .. first + num_frames, from
     audio (n,) that starts at frame ``window_start`` minus ``pad_s`` seconds. -> (num_frames,) float32."""
     sq = np.concatenate([[0.0], np.cumsum(audio.astype(np.float64) ** 2)])
@@ -80,13 +89,16 @@ def shape_mouth(targets: np.ndarray, energy_db: np.ndarray, peak_db: np.ndarray,
     o, w = targets[:, 0], targets[:, 1]
     out = np.empty_like(targets)
     # Closures saturate: a lip closure that co-articulation leaves four fifths done is made complete.
-    out[:, 0] = np.where(o > 0, o * (QUIET_GAIN + (LOUD_GAIN - QUIET_GAIN) * level) * gain, np.maximum(o * 1.25, -1.0)) * voiced
+    out[:, 0] = (
+        np.where(o > 0, o * (QUIET_GAIN + (LOUD_GAIN - QUIET_GAIN) * level) * gain, np.maximum(o * 1.25, -1.0)) * voiced
+    )
     out[:, 1] = w * voiced
     return np.clip(out, -1.0, 1.0).astype(np.float32)
 
 
-def blink_track(start: int, num_frames: int, carry: MotionCarry, *, fps: Fraction, interval_s: float, seed: int,
-                advance: bool) -> tuple[np.ndarray, MotionCarry]:
+def blink_track(
+    start: int, num_frames: int, carry: MotionCarry, *, fps: Fraction, interval_s: float, seed: int, advance: bool
+) -> tuple[np.ndarray, MotionCarry]:
     """Eyelid closure per frame. With ``advance``, new blinks are drawn (an N chunk); without, only the
     remembered ones are replayed (an I chunk, within frames already drawn)."""
     out = np.zeros(num_frames, np.float32)
@@ -107,8 +119,15 @@ def blink_track(start: int, num_frames: int, carry: MotionCarry, *, fps: Fractio
         return out, carry
     # An I chunk reaches back at most half a chunk before the next one: keep what can still show there.
     starts = [s for s in starts if s >= start - num_frames - round((sum(BLINK_S) + 0.5) * rate)]
-    return out, MotionCarry(mouth_ahead=carry.mouth_ahead, peak_db=carry.peak_db, next_blink=next_blink,
-                            blink_starts=tuple(starts), blinks=blinks, level_db=carry.level_db, nods=carry.nods)
+    return out, MotionCarry(
+        mouth_ahead=carry.mouth_ahead,
+        peak_db=carry.peak_db,
+        next_blink=next_blink,
+        blink_starts=tuple(starts),
+        blinks=blinks,
+        level_db=carry.level_db,
+        nods=carry.nods,
+    )
 
 
 def _blink_gap(seed: int, n: int, interval_s: float, rate: float) -> int:
@@ -140,11 +159,20 @@ def emphasis(start: int, energy_db: np.ndarray, carry: MotionCarry, *, fps: Frac
             nods.append((f, min(1.0, (rise - EMPHASIS_DB) / 12.0 + 0.3)))
         level += alpha * (db - level)
     nods = [n for n in nods if n[0] >= start - len(energy_db) - round((NOD_S + 0.5) * rate)]  # (as blink starts)
-    return MotionCarry(mouth_ahead=carry.mouth_ahead, peak_db=carry.peak_db, next_blink=carry.next_blink,
-                       blink_starts=carry.blink_starts, blinks=carry.blinks, level_db=float(level), nods=tuple(nods))
+    return MotionCarry(
+        mouth_ahead=carry.mouth_ahead,
+        peak_db=carry.peak_db,
+        next_blink=carry.next_blink,
+        blink_starts=carry.blink_starts,
+        blinks=carry.blinks,
+        level_db=float(level),
+        nods=tuple(nods),
+    )
 
 
-def head_track(start: int, num_frames: int, carry: MotionCarry, *, fps: Fraction, amount: float, seed: int) -> np.ndarray:
+def head_track(
+    start: int, num_frames: int, carry: MotionCarry, *, fps: Fraction, amount: float, seed: int
+) -> np.ndarray:
     """(num_frames, 4) dx, dy, roll, zoom: slow seeded sway (a function of absolute time) and a small nod
     after each remembered emphasis."""
     rate = float(fps)

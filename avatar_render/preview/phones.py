@@ -65,8 +65,13 @@ class PhoneRecognizer(Module):
             raise AvatarRenderError(f"PocketSphinx's model file '{missing[0]}' is missing; reinstall pocketsphinx.")
         from pocketsphinx import Decoder
 
-        self._decoder = Decoder(hmm=str(root / "en-us"), allphone=str(root / "en-us-phone.lm.bin"), samprate=RATE,
-                                loglevel="FATAL", **_SEARCH)
+        self._decoder = Decoder(
+            hmm=str(root / "en-us"),
+            allphone=str(root / "en-us-phone.lm.bin"),
+            samprate=RATE,
+            loglevel="FATAL",
+            **_SEARCH,
+        )
 
     def recognize(self, audio: np.ndarray) -> tuple[Phone, ...]:
         """Phones of an (n,) float32 window at 16 kHz, in order, covering it."""
@@ -91,7 +96,12 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     out = list(phones)
     for i, p in enumerate(out):  # sound the recogniser could not place (noise, an unknown voice): a neutral open vowel
         seg = audio[round(p.start * RATE) : round(p.end * RATE)]
-        if p.label == "SIL" and p.end - p.start >= GAP_S and len(seg) and 10 * np.log10(np.mean(seg**2) + 1e-12) > LOUD_DB:
+        if (
+            p.label == "SIL"
+            and p.end - p.start >= GAP_S
+            and len(seg)
+            and 10 * np.log10(np.mean(seg**2) + 1e-12) > LOUD_DB
+        ):
             out[i] = Phone("AH", p.start, p.end)
     n = round(BURST_S * RATE)
     freqs = np.fft.rfftfreq(n, 1 / RATE)

@@ -68,10 +68,12 @@ def _edges(mx: np.ndarray, my: np.ndarray, rect: Rect, head, inv: np.ndarray) ->
     cols = np.arange(rect.x0, rect.x1, dtype=np.float32)
     rows = np.arange(rect.y0, rect.y1, dtype=np.float32)
     hw = head.weight
-    for sl, xs, ys, k in (((0, slice(None)), cols, np.full_like(cols, rect.y0), np.repeat(hw[0], 2)[: rect.w]),
-                          ((-1, slice(None)), cols, np.full_like(cols, rect.y1 - 1), np.repeat(hw[-1], 2)[: rect.w]),
-                          ((slice(None), 0), np.full_like(rows, rect.x0), rows, np.repeat(hw[:, 0], 2)[: rect.h]),
-                          ((slice(None), -1), np.full_like(rows, rect.x1 - 1), rows, np.repeat(hw[:, -1], 2)[: rect.h])):
+    for sl, xs, ys, k in (
+        ((0, slice(None)), cols, np.full_like(cols, rect.y0), np.repeat(hw[0], 2)[: rect.w]),
+        ((-1, slice(None)), cols, np.full_like(cols, rect.y1 - 1), np.repeat(hw[-1], 2)[: rect.w]),
+        ((slice(None), 0), np.full_like(rows, rect.x0), rows, np.repeat(hw[:, 0], 2)[: rect.h]),
+        ((slice(None), -1), np.full_like(rows, rect.x1 - 1), rows, np.repeat(hw[:, -1], 2)[: rect.h]),
+    ):
         mx[sl] = xs + k * (inv[0, 0] * xs + inv[0, 1] * ys + inv[0, 2] - xs)
         my[sl] = ys + k * (inv[1, 0] * xs + inv[1, 1] * ys + inv[1, 2] - ys)
 
@@ -99,7 +101,9 @@ def _compose(mx: np.ndarray, my: np.ndarray, rect: Rect, bank: Bank, disp: np.nd
 def _sources(sub: Rect, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Reference pixel centres under the output pixels of ``sub`` (on the face, where the head moves rigidly)."""
     xs, ys = sub.grid()
-    return (inv[0, 0] * xs + inv[0, 1] * ys + inv[0, 2]).astype(np.float32), (inv[1, 0] * xs + inv[1, 1] * ys + inv[1, 2]).astype(np.float32)
+    return (inv[0, 0] * xs + inv[0, 1] * ys + inv[0, 2]).astype(np.float32), (
+        inv[1, 0] * xs + inv[1, 1] * ys + inv[1, 2]
+    ).astype(np.float32)
 
 
 def _mouth_gap(out: np.ndarray, rig: FaceRig, p: np.ndarray, inv: np.ndarray, fwd: np.ndarray) -> None:
@@ -133,7 +137,9 @@ def _mouth_gap(out: np.ndarray, rig: FaceRig, p: np.ndarray, inv: np.ndarray, fw
     out[sub.slices] = np.clip(a * content + (1 - a) * region + 0.5, 0, 255).astype(np.uint8)
 
 
-def _interior(rig: FaceRig, s: np.ndarray, t: np.ndarray, upper: np.ndarray, d_up: np.ndarray, d_low: np.ndarray) -> np.ndarray:
+def _interior(
+    rig: FaceRig, s: np.ndarray, t: np.ndarray, upper: np.ndarray, d_up: np.ndarray, d_low: np.ndarray
+) -> np.ndarray:
     """The newly opened mouth, between where the upper teeth (or lip) end and the lower ones begin: in shadow
     under the upper teeth, lighter towards the lower lip and the tongue, darker in the corners. -> (h, w, 3)."""
     assert rig.teeth is not None

@@ -99,8 +99,17 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     lip_colour = _median_colour(image, lips)
     interior = (lip_colour * np.float32(0.2), lip_colour * np.float32(0.62))
     if mesh.mouth_width() < MIN_MOUTH_PX:
-        return FaceRig(image=image, mesh=mesh, mouth=None, eyes=None, mouth_bank=None, eye_bank=None, teeth=None,
-                       interior=interior, head=_head_mask(mesh, width, height))
+        return FaceRig(
+            image=image,
+            mesh=mesh,
+            mouth=None,
+            eyes=None,
+            mouth_bank=None,
+            eye_bank=None,
+            teeth=None,
+            interior=interior,
+            head=_head_mask(mesh, width, height),
+        )
     vertices = _vertices(mesh)
     mouth = MouthShape.build(mesh, vertices)
     eyes = EyeShape.build(mesh, vertices)
@@ -108,8 +117,17 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     mouth_bank = _bank(vertices, triangles, [OPEN_LEVELS, WIDTH_LEVELS], lambda o, w: mouth.moved(o, w), width, height)
     eye_bank = _bank(vertices, triangles, [BLINK_LEVELS], lambda b: eyes.moved(b), width, height)
     head = _head_mask(mesh, width, height, include=mouth_bank.rect.union(eye_bank.rect))
-    return FaceRig(image=image, mesh=mesh, mouth=mouth, eyes=eyes, mouth_bank=mouth_bank, eye_bank=eye_bank,
-                   teeth=_teeth(image, mesh, mouth_bank.rect), interior=interior, head=head)
+    return FaceRig(
+        image=image,
+        mesh=mesh,
+        mouth=mouth,
+        eyes=eyes,
+        mouth_bank=mouth_bank,
+        eye_bank=eye_bank,
+        teeth=_teeth(image, mesh, mouth_bank.rect),
+        interior=interior,
+        head=head,
+    )
 
 
 def _vertices(mesh: fm.FaceMesh) -> np.ndarray:
@@ -127,14 +145,28 @@ def _triangulate(vertices: np.ndarray, mouth: MouthShape, mesh: fm.FaceMesh) -> 
     left out: the model places them close to the contours, sometimes across them, and a triangle that
     spans a contour folds when the lips press together or a lid comes down.
     """
-    inner = set(fm.LIPS_OUTER_UPPER + fm.LIPS_OUTER_LOWER + fm.LIPS_INNER_UPPER + fm.LIPS_INNER_LOWER
-                + fm.LEFT_EYE_UPPER + fm.LEFT_EYE_LOWER + fm.RIGHT_EYE_UPPER + fm.RIGHT_EYE_LOWER)
+    inner = set(
+        fm.LIPS_OUTER_UPPER
+        + fm.LIPS_OUTER_LOWER
+        + fm.LIPS_INNER_UPPER
+        + fm.LIPS_INNER_LOWER
+        + fm.LEFT_EYE_UPPER
+        + fm.LEFT_EYE_LOWER
+        + fm.RIGHT_EYE_UPPER
+        + fm.RIGHT_EYE_LOWER
+    )
     drop = np.zeros(len(vertices), bool)
-    for outline in (fm.LIPS_OUTER_UPPER + fm.LIPS_OUTER_LOWER[::-1], fm.LEFT_EYE_UPPER + fm.LEFT_EYE_LOWER[::-1],
-                    fm.RIGHT_EYE_UPPER + fm.RIGHT_EYE_LOWER[::-1]):
+    for outline in (
+        fm.LIPS_OUTER_UPPER + fm.LIPS_OUTER_LOWER[::-1],
+        fm.LEFT_EYE_UPPER + fm.LEFT_EYE_LOWER[::-1],
+        fm.RIGHT_EYE_UPPER + fm.RIGHT_EYE_LOWER[::-1],
+    ):
         poly = mesh.at(outline).astype(np.float32)
         for i in range(fm.NUM_POINTS):
-            if i not in inner and cv2.pointPolygonTest(poly, (float(vertices[i, 0]), float(vertices[i, 1])), True) > -0.5:
+            if (
+                i not in inner
+                and cv2.pointPolygonTest(poly, (float(vertices[i, 0]), float(vertices[i, 1])), True) > -0.5
+            ):
                 drop[i] = True
     keep = np.flatnonzero(~drop)
     opened = (vertices + mouth.jaw * 0.6)[keep]
@@ -154,7 +186,11 @@ def _bank(vertices, triangles, axes, moved, width: int, height: int) -> Bank:
     for p in shapes.values():
         moving |= np.abs(p - vertices).max(axis=1) > 1e-3
     touched = triangles[moving[triangles].any(axis=1)]
-    pts = np.concatenate([vertices[touched.ravel()]] + [p[touched.ravel()] for p in shapes.values()]) if len(touched) else vertices
+    pts = (
+        np.concatenate([vertices[touched.ravel()]] + [p[touched.ravel()] for p in shapes.values()])
+        if len(touched)
+        else vertices
+    )
     rect = Rect.around(pts, width, height, margin=2.0)
     grids = np.zeros(tuple(len(a) for a in axes) + (rect.h, rect.w, 2), np.float32)
     for n, p in shapes.items():
@@ -177,8 +213,17 @@ def contour_t(s: np.ndarray, contour: np.ndarray, mesh: fm.FaceMesh) -> np.ndarr
     return np.interp(s, cs, ct)
 
 
-def between(s: np.ndarray, t: np.ndarray, upper: np.ndarray, lower: np.ndarray, mesh: fm.FaceMesh,
-            *, grow: float = 0.0, min_gap: float = 1.0, feather: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def between(
+    s: np.ndarray,
+    t: np.ndarray,
+    upper: np.ndarray,
+    lower: np.ndarray,
+    mesh: fm.FaceMesh,
+    *,
+    grow: float = 0.0,
+    min_gap: float = 1.0,
+    feather: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Antialiased coverage of the band between two contours (each (n, 2) pixels, corner to corner) at face
     coordinates (s, t), grown by ``grow`` pixels each way with edges ``feather`` pixels soft, and where each
     point lies across it (0 at the upper contour, 1 at the lower). Where the band is thinner than
@@ -248,13 +293,25 @@ def _head_mask(mesh: fm.FaceMesh, width: int, height: int, include: Rect | None 
         rect = rect.union(include)
     rect = Rect(rect.x0, rect.y0, rect.x0 + rect.w // 2 * 2, rect.y0 + rect.h // 2 * 2)
     # Samples at full-resolution pixel centres x0 + 2i + 0.5: a bilinear 2x resize puts them back exactly.
-    xs = np.broadcast_to(rect.x0 + 0.5 + 2 * np.arange(rect.w // 2, dtype=np.float32), (rect.h // 2, rect.w // 2)).copy()
-    ys = np.broadcast_to((rect.y0 + 0.5 + 2 * np.arange(rect.h // 2, dtype=np.float32))[:, None], (rect.h // 2, rect.w // 2)).copy()
+    xs = np.broadcast_to(
+        rect.x0 + 0.5 + 2 * np.arange(rect.w // 2, dtype=np.float32), (rect.h // 2, rect.w // 2)
+    ).copy()
+    ys = np.broadcast_to(
+        (rect.y0 + 0.5 + 2 * np.arange(rect.h // 2, dtype=np.float32))[:, None], (rect.h // 2, rect.w // 2)
+    ).copy()
     dx, dy = xs + 0.5 - centre[0], ys + 0.5 - centre[1]
     s, t = dx * ex[0] + dy * ex[1], dx * ey[0] + dy * ey[1]
     r = np.sqrt((s / a) ** 2 + (t / b) ** 2)
     k = np.clip((r - 1) / (band / np.sqrt(a * b)), 0, 1)
     w = (1 - k * k * (3 - 2 * k)).astype(np.float32)
     pivot = chin + 0.35 * face_h * ey
-    return HeadMask(rect=rect, xs=xs, ys=ys, weight=w, wx=w * xs, wy=w * ys, pivot=(float(pivot[0]), float(pivot[1])),
-                    face_width=max(face_w, 1.0))
+    return HeadMask(
+        rect=rect,
+        xs=xs,
+        ys=ys,
+        weight=w,
+        wx=w * xs,
+        wy=w * ys,
+        pivot=(float(pivot[0]), float(pivot[1])),
+        face_width=max(face_w, 1.0),
+    )

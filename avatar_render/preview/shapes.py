@@ -99,9 +99,15 @@ class MouthShape:
             seal[fm.LIPS_OUTER_UPPER[k]] = 0.5 * half
             seal[fm.LIPS_OUTER_LOWER[k]] = -0.5 * half
         return MouthShape(
-            base=vertices.astype(np.float32), seal=full(seal), jaw=full(jaw), spread=full(spread), round=full(rnd),
-            lower_teeth=(d * ey).astype(np.float32), upper_teeth=(-LIP_RAISE * d * ey).astype(np.float32),
-            width_px=width, rest_gap_px=mesh.lip_gap(),
+            base=vertices.astype(np.float32),
+            seal=full(seal),
+            jaw=full(jaw),
+            spread=full(spread),
+            round=full(rnd),
+            lower_teeth=(d * ey).astype(np.float32),
+            upper_teeth=(-LIP_RAISE * d * ey).astype(np.float32),
+            width_px=width,
+            rest_gap_px=mesh.lip_gap(),
         )
 
     def displacement(self, open_: float, width: float) -> np.ndarray:

@@ -29,8 +29,12 @@ class Rect:
     def around(points: np.ndarray, width: int, height: int, *, margin: float = 0.0) -> "Rect":
         """The pixels covering ``points`` (n, 2) plus a margin, clipped to a (height, width) image."""
         lo, hi = points.min(axis=0) - margin, points.max(axis=0) + margin
-        return Rect(max(0, int(math.floor(lo[0]))), max(0, int(math.floor(lo[1]))),
-                    min(width, int(math.ceil(hi[0]))), min(height, int(math.ceil(hi[1]))))
+        return Rect(
+            max(0, int(math.floor(lo[0]))),
+            max(0, int(math.floor(lo[1]))),
+            min(width, int(math.ceil(hi[0]))),
+            min(height, int(math.ceil(hi[1]))),
+        )
 
     @property
     def w(self) -> int:
@@ -109,7 +113,9 @@ def backward_map(ref: np.ndarray, moved: np.ndarray, triangles: np.ndarray, rect
     ys, xs = np.nonzero(labels >= 0)
     # Affine maps relative to the rectangle's corner keep float32 exact enough.
     local = affine.copy()
-    local[:, :, 2] += local[:, :, 0] * (rect.x0 + 0.5) + local[:, :, 1] * (rect.y0 + 0.5) - (rect.x0 + 0.5, rect.y0 + 0.5)
+    local[:, :, 2] += (
+        local[:, :, 0] * (rect.x0 + 0.5) + local[:, :, 1] * (rect.y0 + 0.5) - (rect.x0 + 0.5, rect.y0 + 0.5)
+    )
     c = local.reshape(-1, 6).astype(np.float32)[labels[ys, xs]]  # (N, 6)
     px, py = xs.astype(np.float32), ys.astype(np.float32)
     out[ys, xs, 0] = c[:, 0] * px + c[:, 1] * py + c[:, 2] - px
