@@ -14,7 +14,10 @@ Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all pr
 * speech level: RMS of the audio during each frame in dB, floored 40 dB below the loud passages.
 * closures (--text): phones M, B, P from a forced alignment of the text (PocketSphinx, sentence by
   sentence); closed when the lip gap is under 15 % of its median in speech on a frame whose centre
-  lies within 40 ms of the phone's middle.
+  lies within 40 ms of the phone's middle. The landmark model cannot read that low on a smiling
+  reference: it reads the reference rendered with its lips pressed shut (the instrument's floor, also
+  printed) at about 0.10 eye distances; so closures are also counted against that floor: closed when
+  the gap is within a quarter of the way from the floor to the speech median.
 * ee/oo (--text with "see" and "sue"): mouth width on the middle frame of each IY and UW phone.
 * silence: frames 30 dB below the loud passages for 0.12 s either side (as ``inspect``).
 * blinks: the eye opening falling under 85 % of its median (the landmark model reads a fully closed eye
@@ -97,6 +100,23 @@ def align(path: Path, text: str) -> list[tuple[str, float, float]]:
     return out
 
 
+def closed_reading(ref: Path, width: int, height: int, model: LandmarkModel, ref_mesh: fm.FaceMesh) -> float:
+    """What the landmark model reads as the lip gap of the reference with its lips pressed shut (pixels)."""
+    from avatar_render.api import request_input
+    from avatar_render.config import load_config
+    from avatar_render.io.reference import load_reference
+    from avatar_render.preview.engine import build_preview
+    from avatar_render.preview.motion import OPEN, PARAMS
+    from avatar_render.preview.render import render_frame
+
+    cfg = load_config(None, (f"video.width={width}", f"video.height={height}"))
+    static = build_preview(cfg).prepare(request_input(cfg, load_reference(ref), ref))
+    p = np.zeros(len(PARAMS), np.float32)
+    p[OPEN] = -1.0
+    mesh = model.track(render_frame(static.rig, p), ref_mesh)
+    return mesh.lip_gap() if mesh is not None else 0.0
+
+
 def blink_count(opening: np.ndarray) -> int:
     # The landmark model reads a fully closed eye of the example at 0.21 against 0.29 open (73 %): a dip
     # under 85 % of the median is a blink.
@@ -124,6 +144,7 @@ def main() -> None:
         sys.exit("No face landmarks found in the reference.")
     scale = ref_mesh.eye_distance
     rest_gap = ref_mesh.lip_gap() / scale
+    floor = closed_reading(args.ref, info.width, info.height, model, ref_mesh) / scale
     still = still_mask(ref_mesh, (info.height, info.width))
     tracker = FaceTracker(model, ref_mesh, image=ref.image, still=still)
     oval = ref_mesh.at(fm.FACE_OVAL)
@@ -259,11 +280,12 @@ def main() -> None:
         phones = align(args.audio, args.text.read_text())
         median = float(np.median(gaps[speech]))
         mids = [((a + b) / 2, p) for p, a, b in phones if p in ("M", "B", "P")]
-        closed = []
+        closed, floored = [], []
         for mid, p in mids:
             near = [f for f in range(n) if abs((f + 0.5) / fps - mid) <= 0.04]
             if near:
                 closed.append(bool(gaps[near].min() < 0.15 * median))
+                floored.append(bool(gaps[near].min() < floor + 0.25 * (median - floor)))
         vmedian = float(np.median(visible[speech]))
         vclosed = []
         for mid, p in mids:
@@ -272,6 +294,9 @@ def main() -> None:
                 vclosed.append(bool(visible[near].min() < 0.15 * vmedian))
         if mids:
             out["mbp_closed_by_lip_gap"] = f"{sum(closed)}/{len(closed)}"
+            out["lip_gap_floor_closed"] = round(floor, 4)
+            out["speech_median_lip_gap"] = round(median, 4)
+            out["mbp_closed_against_floor"] = f"{sum(floored)}/{len(floored)}"
             out["mbp_closed_by_visible_opening"] = f"{sum(vclosed)}/{len(vclosed)}"
             out["mbp_closed_fraction"] = round(sum(vclosed) / max(len(vclosed), 1), 3)
         ee = [(a + b) / 2 for p, a, b in phones if p == "IY"]

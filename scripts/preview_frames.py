@@ -21,7 +21,7 @@ from avatar_render.metrics.face_track import FaceTracker
 from avatar_render.metrics.regions import fitted_reference
 from avatar_render.metrics.video import iter_frames, probe_video
 
-TILE = 320
+TILE = 256
 
 
 def main() -> None:
@@ -91,7 +91,7 @@ def main() -> None:
         tiles.append(np.full_like(tiles[0], 255))
     rows = [np.concatenate(tiles[k : k + 4], axis=1) for k in range(0, len(tiles), 4)]
     sheet = np.concatenate(rows, axis=0)
-    cv2.imwrite(str(args.out), cv2.cvtColor(sheet, cv2.COLOR_RGB2BGR))
+    cv2.imwrite(str(args.out), cv2.cvtColor(sheet, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_PNG_COMPRESSION, 9])
     print(f"{args.out}: " + ", ".join(f"{n} frame {keep[n][1]}" for n in order if n in keep))
 
 
