@@ -40,6 +40,7 @@ def diagnose(cfg=None) -> list[Check]:
     checks += _devices()
     preview_ok = all(c.ok for c in codecs) and _cascades_present()
     why = "runs on the CPU, no weights needed" if preview_ok else "needs the libx264 and aac encoders and OpenCV's face cascades"
+    checks += _preview_models(cfg)
     checks.append(Check("backends", "preview", preview_ok, why))
     checks += _infinitetalk(cfg)
     return checks
@@ -80,6 +81,31 @@ def _codecs() -> list[Check]:
         except Exception:  # noqa: BLE001 - any failure means the codec is unusable
             out.append(Check("codecs", name, False, f"{role} missing from this FFmpeg build"))
     return out
+
+
+def _preview_models(cfg) -> list[Check]:
+    """Which face landmarks and which mouth shapes the preview uses here (both work without their model)."""
+    from avatar_render.errors import AvatarRenderError
+    from avatar_render.face.landmarks import GET_MODEL, find_model, model_search_paths
+    from avatar_render.preview.phones import model_dir
+
+    setting = cfg.face.landmarks if cfg is not None else "auto"
+    try:
+        path = find_model(setting)
+    except AvatarRenderError as e:
+        path, problem = None, str(e)
+    else:
+        problem = ""
+    if path is not None:
+        landmarks = Check("models", "face landmarks", True, f"MediaPipe face mesh, 468 points: {path}")
+    else:
+        why = problem or ("face.landmarks=template" if setting == "template" else f"not installed (looked in {', '.join(map(str, model_search_paths()))})")
+        landmarks = Check("models", "face landmarks", True, f"template mesh on the detector's boxes ({why}); "
+                          f"for exact lips and eyelids: {GET_MODEL}")
+    root = model_dir()
+    phones = (Check("models", "phones", True, f"PocketSphinx allphone, English acoustic model: {root}") if root is not None
+              else Check("models", "phones", True, "PocketSphinx not installed: mouth shapes from loudness only (pip install pocketsphinx)"))
+    return [landmarks, phones]
 
 
 def _cascades_present() -> bool:

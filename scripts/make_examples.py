@@ -1,10 +1,15 @@
-"""Re-create examples/face.png and examples/talk.wav.
+"""Re-create examples/face.png and examples/talk.wav, or (--extra DIR) the recordings the preview is measured on.
 
 face.png is scikit-image's copy of NASA's public-domain astronaut portrait (Eileen Collins);
 talk.wav is a paragraph spoken by the espeak-ng synthesizer. Needs ``pip install scikit-image``
 and the ``espeak-ng`` program (Debian/Ubuntu: ``apt-get install espeak-ng``).
 
+The extra recordings (espeak-ng too, each with its text in NAME.txt): ``voice2.wav`` another voice
+(British English, female variant, faster), ``spanish.wav`` another language, ``mbp.wav`` English rich
+in m/b/p, ``eeoo.wav`` "see" and "sue" five times each, alternating. scripts/measure_preview.py uses them.
+
     python scripts/make_examples.py [--out examples]
+    python scripts/make_examples.py --extra DIR
 """
 
 from __future__ import annotations
@@ -44,27 +49,58 @@ def make_face(out: Path) -> None:
         Image.fromarray(skimage.data.astronaut()).save(out)
 
 
-def make_speech(out: Path) -> None:
+# name: (voice, words per minute, text)
+EXTRA = {
+    "voice2": ("en-gb+f3", 170, "The train to the coast leaves from platform four at half past ten. "
+               "Remember to bring a warm coat, because the weather by the sea changes quickly. "
+               "We will stop for lunch in a small village, and walk along the cliffs in the afternoon."),
+    "spanish": ("es", 150, "Buenos días a todos. Hoy vamos a hablar de la ciudad y de sus museos. "
+                "El museo principal abre a las diez de la mañana y cierra a las ocho de la tarde. "
+                "Por favor, pregunten en la entrada si necesitan ayuda."),
+    "mbp": ("en-us", 140, "Bob bought a big map. Pam made my mom a pumpkin pie. "
+            "Maybe the boy put the blue cup by the pool. Mike and Bob passed the ball to Paul."),
+    "eeoo": ("en-us", 120, "see. sue. see. sue. see. sue. see. sue. see. sue."),
+}
+
+
+def speak(out: Path, text: str, *, voice: str, wpm: int) -> float:
     espeak = shutil.which("espeak-ng")
     if espeak is None:
-        sys.exit("The espeak-ng program is needed for talk.wav: install it (apt-get install espeak-ng).")
+        sys.exit(f"The espeak-ng program is needed for {out.name}: install it (apt-get install espeak-ng).")
     # SSML breaks lengthen the pauses between sentences.
-    sentences = [s.strip().rstrip(".") for s in TEXT.split(". ")]
+    sentences = [s.strip().rstrip(".") for s in text.split(". ")]
     ssml = "<speak>" + "".join(f'{s}. <break time="{SENTENCE_GAP_MS}ms"/> ' for s in sentences) + "</speak>"
     with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "talk.wav"
-        subprocess.run([espeak, "-m", "-v", VOICE, "-s", str(WORDS_PER_MINUTE), "-w", str(raw), ssml], check=True)
+        raw = Path(tmp) / "speech.wav"
+        subprocess.run([espeak, "-m", "-v", voice, "-s", str(wpm), "-w", str(raw), ssml], check=True)
         with wave.open(str(raw)) as wav:
             assert wav.getnchannels() == 1 and wav.getsampwidth() == 2, "espeak-ng should write 16-bit mono"
             seconds = wav.getnframes() / wav.getframerate()
         shutil.copyfile(raw, out)
+    return seconds
+
+
+def make_speech(out: Path) -> None:
+    seconds = speak(out, TEXT, voice=VOICE, wpm=WORDS_PER_MINUTE)
     print(f"{out}: {seconds:.1f} s at {VOICE}, {WORDS_PER_MINUTE} words per minute")
+
+
+def make_extra(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, (voice, wpm, text) in EXTRA.items():
+        seconds = speak(folder / f"{name}.wav", text, voice=voice, wpm=wpm)
+        (folder / f"{name}.txt").write_text(text + "\n")
+        print(f"{folder / name}.wav: {seconds:.1f} s, voice {voice}, {wpm} words per minute")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "examples")
+    parser.add_argument("--extra", type=Path, default=None, help="write only the extra recordings, into this folder")
     args = parser.parse_args()
+    if args.extra is not None:
+        make_extra(args.extra)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     make_face(args.out / "face.png")
     print(f"{args.out / 'face.png'}: astronaut portrait")

@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 . scripts/_venv.sh
 . scripts/_torch.sh
 python -m pip install -q -e ".[${EXTRAS:-test,model,ray}]"
+python scripts/fetch_face_model.py || echo "warning: no face landmark model; the tests that need it are skipped" >&2
 python -m pytest "$@"

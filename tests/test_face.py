@@ -165,3 +165,51 @@ def test_box_helpers_and_mapping() -> None:
 
 def _boxes(lay: FaceLayout) -> list[tuple[float, float, float, float]]:
     return [(b.x, b.y, b.w, b.h) for b in (lay.face, lay.left_eye, lay.right_eye, lay.mouth)]
+
+
+# Dense landmarks: MediaPipe's face mesh model when installed (scripts/fetch_face_model.py), else the template.
+
+from avatar_render.face import mesh as fm  # noqa: E402
+from avatar_render.face.landmarks import LandmarkModel, find_model  # noqa: E402
+
+needs_model = pytest.mark.skipif(find_model() is None, reason="face landmark model not installed (scripts/fetch_face_model.py)")
+
+
+@needs_model
+def test_landmarks_on_the_example_match_hand_measures(portrait: np.ndarray, layout: FaceLayout) -> None:
+    mesh = LandmarkModel(find_model()).from_box(portrait, layout.face)
+    assert mesh is not None and mesh.source == "model"
+    assert np.hypot(*(mesh.left_eye_centre - LEFT_EYE)) < 3 and np.hypot(*(mesh.right_eye_centre - RIGHT_EYE)) < 4
+    for corner in (61, 291):  # lip corners inside the hand-measured lips box, within 3 px
+        x, y = mesh.points[corner]
+        assert LIPS.x - 3 <= x <= LIPS.x + LIPS.w + 3 and LIPS.y - 3 <= y <= LIPS.y + LIPS.h + 3
+    assert 5 < mesh.lip_gap() < 12  # smiling, teeth showing
+    assert 0.2 < mesh.eye_opening() < 0.4
+    again = LandmarkModel(find_model()).track(portrait, mesh)  # tracking from itself stays put
+    assert np.abs(again.points - mesh.points).mean() < 0.5
+
+
+@needs_model
+def test_no_face_no_landmarks() -> None:
+    blank = np.full((256, 256, 3), 128, np.uint8)
+    assert LandmarkModel(find_model()).from_box(blank, Box(64, 64, 128, 128)) is None
+
+
+def test_landmark_settings(tmp_path: Path) -> None:
+    assert find_model("template") is None
+    with pytest.raises(AvatarRenderError, match="fetch_face_model"):
+        find_model(str(tmp_path / "missing.tflite"))
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(AvatarRenderError, match="could not be read"):
+        LandmarkModel(bad).load()
+
+
+def test_template_mesh_sits_on_the_layout(layout: FaceLayout) -> None:
+    mesh = fm.template_mesh(layout)
+    assert mesh.source == "template" and mesh.points.shape == (fm.NUM_POINTS, 2)
+    assert np.allclose(mesh.left_eye_centre, (layout.left_eye.cx, layout.left_eye.cy), atol=0.01)
+    assert np.allclose(mesh.mouth_centre, (layout.mouth.cx, layout.mouth.cy), atol=0.01)
+    assert mesh.lip_gap() == 0  # closed lips: nothing is assumed about teeth
+    fit = Fit(scale=2.0, offset_x=10.0, offset_y=4.0)
+    assert np.allclose(mesh.mapped(fit).points, mesh.points * 2 - (10, 4))

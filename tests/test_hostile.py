@@ -207,7 +207,7 @@ def test_silence_gives_a_closed_mouth_that_blinks(media, tmp_path, face_png):
     assert len(frames) == rep.frames == 75
     cfg = load_config(None, (*TINY, *size))
     layout = build_preview(cfg).prepare(RequestInput(reference=load_reference(face_png), reference_path=face_png,
-                                                     width=128, height=128, seed=0)).rig.layout
+                                                     width=128, height=128, seed=0)).rig.mesh.layout(detected=True)
 
     def change(box) -> np.ndarray:  # per frame: largest change from frame 0 in the box
         x0, y0 = int(box.x), int(box.y)
@@ -240,7 +240,8 @@ def test_hours_of_audio_stream_in_constant_memory(media, tmp_path):
 
     rss = current_rss_mb()
     with pytest.raises(RenderStopped) as stopped:
-        api(tmp_path, media / "face.png", audio, "chunk.chunk_frames=25", "video.gop_seconds=1", on_progress=seen.append, should_stop=stop)
+        api(tmp_path, media / "face.png", audio, "chunk.chunk_frames=25", "chunk.transition_frames=0",  # four whole chunks
+            "video.gop_seconds=1", on_progress=seen.append, should_stop=stop)
     assert current_rss_mb() - rss < 100  # three hours of decoded audio would be about 1 GB
     assert seen[-1].frames_total == 3 * 3600 * 25 and stopped.value.frames == seen[-1].frames_done == 100
 

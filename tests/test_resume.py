@@ -160,7 +160,8 @@ def test_state_round_trip_through_safetensors(tmp_path):
     tree = Outer(
         inner=Inner(a=np.arange(12, dtype=np.int16).reshape(3, 4), b=-0.1),
         items=(1, 2.5, True, "x", np.float32(1.25), np.zeros((0, 3), np.uint8), float("inf")),
-        table={3: MotionCarry(mouth=0.3, peak_db=-17.0, next_blink=42, last_blink=7, blinks=2), (1, 2): [None]},
+        table={3: MotionCarry(mouth_ahead=((0.3, -0.1),), peak_db=-17.0, next_blink=42, blink_starts=(7, 30), blinks=2,
+                                 nods=((12, 0.5),)), (1, 2): [None]},
         names=["a", {"k": np.ones(2, np.float64)}], rate=Fraction(30000, 1001),
     )
     flat = flatten(tree)

@@ -1,7 +1,15 @@
-"""The preview backend: the pipeline's stages implemented by a CPU animation of the reference."""
+"""The preview backend: the pipeline's stages implemented by a CPU animation of the reference.
+
+init: face box, dense landmarks (or a template on the box), the rig. context: per chunk, loudness and
+phones (PocketSphinx) -> raw mouth shapes over the chunk and a few frames either side. a2v: mouth
+scaled by loudness, blinks, head motion; an I chunk takes the mouth shapes both N chunks saw around
+its seam from their anchors and bends its motion onto them. decode: the rig's warp of the reference.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -11,41 +19,55 @@ import numpy as np
 from avatar_render.config import Config
 from avatar_render.face.detect import FaceDetector, find_face
 from avatar_render.face.fit import fit_to_frame
+from avatar_render.face.landmarks import LandmarkModel, find_model
 from avatar_render.face.layout import fallback_layout
+from avatar_render.face.mesh import FaceMesh, template_mesh
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 from avatar_render.pipeline.stage import Stage
-from avatar_render.pipeline.types import (
-    ChunkInput,
-    Frames,
-    Generated,
-    RequestInput,
-    Segment,
-    StaticConditioning,
-)
+from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment, StaticConditioning
 from avatar_render.preview.motion import (
-    EYES,
+    BLINK,
+    HEAD,
     MOUTH,
     PARAMS,
     MotionCarry,
     blink_track,
+    emphasis,
     frame_energy_db,
     head_track,
-    mouth_track,
+    loudness_targets,
+    running_peak,
+    shape_mouth,
 )
-from avatar_render.preview.render import FaceRig, render_frame
+from avatar_render.preview.phones import PhoneRecognizer, model_dir
+from avatar_render.preview.render import render_frame
+from avatar_render.preview.rig import FaceRig, build_rig
+from avatar_render.preview.visemes import mouth_targets
 
 SPEECH_RATE = 16_000  # the rate the speech analysis runs at
+PHONE_PAD_S = 0.32  # audio each chunk's phone recognition sees beyond its frames, each side
+AHEAD = 4  # frames of the next chunk's mouth handed over (smooths a seam without I chunks)
 
 
 @dataclass(frozen=True)
 class PreviewStatic(StaticConditioning):
     rig: FaceRig
+    landmarks: str  # "model", "template" (on the detector's boxes) or "fallback" (no face found)
 
 
 @dataclass(frozen=True)
 class SpeechFeatures:
     chunk: ChunkInput
-    energy_db: np.ndarray  # (T,) float32, one level per frame of the chunk
+    first: int  # frame of energy_db[0] and targets[0]
+    energy_db: np.ndarray  # (m,) float32 level per frame
+    targets: np.ndarray | None  # (m, 2) float32 mouth shapes from the phones, before loudness; None for an I chunk
+
+
+@dataclass(frozen=True)
+class MotionAnchor:
+    params: np.ndarray  # (len(PARAMS),) float32 at the anchor frame
+    first: int  # frame of mouth[0]
+    mouth: np.ndarray  # (m, 2) float32 the N chunk's mouth (open, width) over its frames and a few either side
 
 
 @dataclass(frozen=True)
@@ -56,13 +78,17 @@ class MotionSegment(Segment):
 @dataclass(frozen=True)
 class MotionChunk(Generated):
     params: np.ndarray  # (plan.num_frames, len(PARAMS)) float32
+    first: int
+    mouth: np.ndarray  # (m, 2) float32, from frame ``first``: the mouth this chunk made of what it heard
 
     def segment(self, start: int, end: int) -> MotionSegment:
         s = start - self.plan.start
         return MotionSegment(start=start, end=end, params=self.params[s : s + end - start].copy())
 
-    def anchor(self, frame: int) -> np.ndarray:
-        return self.params[frame - self.plan.start].copy()
+    def anchor(self, frame: int) -> MotionAnchor:
+        return MotionAnchor(
+            params=self.params[frame - self.plan.start].copy(), first=self.first, mouth=self.mouth.copy()
+        )
 
 
 class PreviewInit(Stage[RequestInput, PreviewStatic]):
@@ -70,30 +96,65 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
     input_type = RequestInput
     output_type = PreviewStatic
 
-    def __init__(self, *, face_box: list[int] | None) -> None:
+    def __init__(self, *, face_box: list[int] | None, landmarks: str) -> None:
         self.face_box = face_box
         self.detector = FaceDetector()
+        path = find_model(landmarks)
+        self.landmarks = LandmarkModel(path) if path is not None else None
 
     def modules(self):
-        return () if self.face_box else (self.detector,)
+        return (() if self.face_box else (self.detector,)) + ((self.landmarks,) if self.landmarks else ())
 
     def run(self, x: RequestInput, *, static: Any, carry: Any) -> tuple[PreviewStatic, None]:
         layout = find_face(x.reference, self.detector, self.face_box)
         detected = layout is not None and layout.detected
         focus = None if layout is None else (layout.face.x, layout.face.y, layout.face.w, layout.face.h)
         image, fit = fit_to_frame(x.reference, x.width, x.height, focus=focus)
-        layout = fallback_layout(x.width, x.height) if layout is None else layout.mapped(fit)
-        return PreviewStatic(face_detected=detected, rig=FaceRig.build(image, layout)), None
+        mesh: FaceMesh | None = None
+        if layout is not None and self.landmarks is not None:
+            mesh = self.landmarks.from_box(x.reference, layout.face)
+        if mesh is not None:
+            mesh, kind = mesh.mapped(fit), "model"
+        elif layout is not None:
+            mesh, kind = template_mesh(layout).mapped(fit), "template"
+        else:
+            mesh, kind = template_mesh(fallback_layout(x.width, x.height)), "fallback"
+        return PreviewStatic(face_detected=detected, rig=build_rig(image, mesh), landmarks=kind), None
 
 
 class SpeechContext(Stage[ChunkInput, SpeechFeatures]):
+    """Loudness per frame and, for N chunks, mouth shapes from the phones PocketSphinx hears in the chunk's
+    audio window (the chunk and PHONE_PAD_S either side)."""
+
     name = "context"
     input_type = ChunkInput
     output_type = SpeechFeatures
 
+    def __init__(self, *, phones: bool) -> None:
+        self.recognizer = PhoneRecognizer() if phones and model_dir() is not None else None
+
+    def modules(self):
+        return (self.recognizer,) if self.recognizer else ()
+
     def run(self, x: ChunkInput, *, static: Any, carry: Any) -> tuple[SpeechFeatures, None]:
-        energy = frame_energy_db(x.audio, rate=x.audio_rate, fps=x.fps, num_frames=x.plan.num_frames, pad_s=x.audio_pad_s)
-        return SpeechFeatures(chunk=x, energy_db=energy), None
+        plan, fps = x.plan, x.fps
+        margin = 0 if plan.kind == "I" else extra_frames(x.audio_pad_s, fps)
+        first, m = plan.start - margin, plan.num_frames + 2 * margin
+        energy = frame_energy_db(
+            x.audio, rate=x.audio_rate, fps=fps, first=first, num_frames=m, pad_s=x.audio_pad_s, window_start=plan.start
+        )
+        if plan.kind == "I":
+            return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=None), None
+        if self.recognizer is None:
+            return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=loudness_targets(energy)), None
+        phones = self.recognizer.recognize(x.audio)
+        times = (np.arange(m) - margin + 0.5) / float(fps) + x.audio_pad_s  # seconds into the window
+        return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=mouth_targets(phones, times)), None
+
+
+def extra_frames(pad_s: float, fps: Fraction) -> int:
+    """Frames either side of a chunk whose loudness window still lies inside its audio window."""
+    return max(0, math.floor(pad_s * float(fps) - 0.25))
 
 
 class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
@@ -103,8 +164,9 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
     input_type = SpeechFeatures
     output_type = MotionChunk
 
-    def __init__(self, *, mouth_gain: float, blink_interval_s: float, head_motion: float) -> None:
+    def __init__(self, *, mouth_gain: float, lip_shape: float, blink_interval_s: float, head_motion: float) -> None:
         self.mouth_gain = mouth_gain
+        self.lip_shape = lip_shape
         self.blink_interval_s = blink_interval_s
         self.head_motion = head_motion
 
@@ -112,27 +174,71 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
         return MotionCarry()
 
     def run(self, x: SpeechFeatures, *, static: Any, carry: MotionCarry) -> tuple[MotionChunk, MotionCarry]:
-        plan, fps, seed = x.chunk.plan, x.chunk.fps, x.chunk.seed
-        params = np.zeros((plan.num_frames, len(PARAMS)), np.float32)
+        plan = x.chunk.plan
         if plan.kind == "I":
-            return MotionChunk(plan=plan, params=self._between(x, params, carry)), carry
-        params[:, MOUTH], new_carry = mouth_track(x.energy_db, carry, fps=fps, gain=self.mouth_gain)
-        params[:, EYES], new_carry = blink_track(plan.start, plan.num_frames, new_carry, fps=fps, interval_s=self.blink_interval_s, seed=seed)
-        params[:, EYES + 1 :] = head_track(plan.start, plan.num_frames, fps=fps, amount=self.head_motion, seed=seed, mouth=params[:, MOUTH])
-        return MotionChunk(plan=plan, params=params), new_carry
+            return self._between(x, carry), carry
+        fps, seed, n = x.chunk.fps, x.chunk.seed, plan.num_frames
+        s = plan.start - x.first
+        peaks = running_peak(x.energy_db[s : s + n], carry.peak_db, fps=fps)
+        peak_ext = np.concatenate(
+            [
+                np.full(s, carry.peak_db, np.float32),
+                peaks,
+                np.full(len(x.energy_db) - s - n, peaks[-1] if n else carry.peak_db, np.float32),
+            ]
+        )
+        targets = self._lip_shape(x.targets)
+        mouth = shape_mouth(targets, x.energy_db, peak_ext, gain=self.mouth_gain)  # (m, 2)
+        params = np.zeros((n, len(PARAMS)), np.float32)
+        params[:, MOUTH] = mouth[s : s + n]
+        for i, ahead in enumerate(carry.mouth_ahead[: min(AHEAD, n)]):
+            w = 1.0 - i / AHEAD  # the last chunk's view of these frames, faded out
+            params[i, MOUTH] = w * np.array(ahead, np.float32) + (1 - w) * params[i, MOUTH]
+        params[:, BLINK], carry = blink_track(
+            plan.start, n, carry, fps=fps, interval_s=self.blink_interval_s, seed=seed, advance=True
+        )
+        carry = emphasis(plan.start, x.energy_db[s : s + n], carry, fps=fps)
+        params[:, HEAD] = head_track(plan.start, n, carry, fps=fps, amount=self.head_motion, seed=seed)
+        ahead = tuple((float(o), float(w)) for o, w in mouth[s + n : s + n + AHEAD])
+        carry = dataclasses.replace(carry, peak_db=float(peaks[-1]) if n else carry.peak_db, mouth_ahead=ahead)
+        return MotionChunk(plan=plan, params=params, first=x.first, mouth=mouth), carry
 
-    def _between(self, x: SpeechFeatures, params: np.ndarray, carry: MotionCarry) -> np.ndarray:
-        """An I chunk: motion regenerated from the audio between two pinned anchor frames."""
-        plan, fps = x.chunk.plan, x.chunk.fps
-        first, last = x.chunk.anchors  # (len(PARAMS),) each
-        start = MotionCarry(mouth=float(first[MOUTH]), peak_db=carry.peak_db)
-        params[:, MOUTH], _ = mouth_track(x.energy_db, start, fps=fps, gain=self.mouth_gain)
-        params[:, EYES] = np.linspace(first[EYES], last[EYES], plan.num_frames)
-        params[:, EYES + 1 :] = head_track(plan.start, plan.num_frames, fps=fps, amount=self.head_motion, seed=x.chunk.seed, mouth=params[:, MOUTH])
-        # Bend the fresh motion so that both ends land exactly on the anchors, smoothly.
-        u = np.linspace(0.0, 1.0, plan.num_frames, dtype=np.float32)[:, None]
+    def _lip_shape(self, targets: np.ndarray) -> np.ndarray:
+        out = targets.copy()
+        out[:, 1] *= self.lip_shape
+        return out
+
+    def _between(self, x: SpeechFeatures, carry: MotionCarry) -> MotionChunk:
+        """An I chunk: the mouth both N chunks made of the seam's sound, crossfaded over it (each N chunk's own
+        frames at the ends, so both edges continue their motion); blinks and nods replayed from the carry;
+        all bent to land exactly on the two anchor frames."""
+        plan, fps, seed, n = x.chunk.plan, x.chunk.fps, x.chunk.seed, x.chunk.plan.num_frames
+        before, after = x.chunk.anchors  # MotionAnchor each
+        frames = plan.start + np.arange(n)
+        a, b = _mouth_at(before, frames), _mouth_at(after, frames)
+        u = np.linspace(0.0, 1.0, n, dtype=np.float32)[:, None]
         w = u * u * (3 - 2 * u)
-        return params + (1 - w) * (first - params[0]) + w * (last - params[-1])
+        mouth = np.nan_to_num(np.where(np.isnan(a), b, np.where(np.isnan(b), a, (1 - w) * a + w * b)))
+        params = np.zeros((n, len(PARAMS)), np.float32)
+        params[:, MOUTH] = mouth
+        params[:, BLINK], _ = blink_track(
+            plan.start, n, carry, fps=fps, interval_s=self.blink_interval_s, seed=seed, advance=False
+        )
+        params[:, HEAD] = head_track(plan.start, n, carry, fps=fps, amount=self.head_motion, seed=seed)
+        # Bend the fresh motion so that both ends land exactly on the anchors, smoothly.
+        params = params + (1 - w) * (before.params - params[0]) + w * (after.params - params[-1])
+        return MotionChunk(
+            plan=plan, params=params.astype(np.float32), first=plan.start, mouth=mouth.astype(np.float32)
+        )
+
+
+def _mouth_at(anchor: MotionAnchor, frames: np.ndarray) -> np.ndarray:
+    """The anchor's chunk's mouth at the given frames; NaN where it made none. -> (len(frames), 2)."""
+    idx = frames - anchor.first
+    ok = (idx >= 0) & (idx < len(anchor.mouth))
+    out = np.full((len(frames), 2), np.nan, np.float32)
+    out[ok] = anchor.mouth[idx[ok]]
+    return out
 
 
 class PreviewRender(Stage[MotionSegment, Frames]):
@@ -143,21 +249,28 @@ class PreviewRender(Stage[MotionSegment, Frames]):
     output_type = Frames
 
     def run(self, x: MotionSegment, *, static: PreviewStatic, carry: Any) -> tuple[Frames, None]:
-        frames = np.stack([render_frame(static.rig, row) for row in x.params])
+        frames = np.empty((len(x.params), *static.rig.image.shape), np.uint8)  # (T, H, W, 3)
+        for row, frame in zip(x.params, frames):
+            render_frame(static.rig, row, out=frame)
         return Frames(start=x.start, frames=frames), None
 
 
 def build_preview(cfg: Config) -> Pipeline:
     p = cfg.preview
     return Pipeline(
-        init=PreviewInit(face_box=cfg.face.box),
+        init=PreviewInit(face_box=cfg.face.box, landmarks=cfg.face.landmarks),
         generate=(
-            SpeechContext(),
-            PreviewAnimator(mouth_gain=p.mouth_gain, blink_interval_s=p.blink_interval_s, head_motion=p.head_motion),
+            SpeechContext(phones=p.phones),
+            PreviewAnimator(
+                mouth_gain=p.mouth_gain,
+                lip_shape=p.lip_shape,
+                blink_interval_s=p.blink_interval_s,
+                head_motion=p.head_motion,
+            ),
         ),
         decode=PreviewRender(),
         sizes=ChunkSizes(cfg.chunk.chunk_frames, cfg.chunk.context_frames, cfg.chunk.transition_frames),
         fps=cfg.fps,
         audio_rate=SPEECH_RATE,
-        audio_pad_s=float(1 / Fraction(cfg.fps)),
+        audio_pad_s=max(PHONE_PAD_S, float(2 / Fraction(cfg.fps))),
     )

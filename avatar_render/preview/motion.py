@@ -1,6 +1,9 @@
-"""Preview motion: speech energy -> mouth opening, seeded blinks and head sway, as per-frame parameters.
+"""Preview motion: mouth shapes scaled by loudness, seeded blinks, head sway with nods on emphasis, as
+per-frame parameters.
 
-A frame's motion is a row of ``PARAMS``; continuity across chunks comes from ``MotionCarry``.
+A frame's motion is a row of ``PARAMS``; what one chunk hands to the next is ``MotionCarry``. Blinks
+and nods are functions of events (blink starts, emphasis peaks) that the carry remembers for a few
+seconds, so an I chunk regenerating a seam reproduces them exactly; only the mouth is regenerated.
 """
 
 from __future__ import annotations
@@ -11,28 +14,48 @@ from fractions import Fraction
 
 import numpy as np
 
-PARAMS = ("mouth", "eyes", "dx", "dy", "roll", "zoom")  # mouth/eyes in [0, 1]; dx, dy in face widths; roll in degrees
-MOUTH, EYES, DX, DY, ROLL, ZOOM = range(len(PARAMS))
+PARAMS = (
+    "open",
+    "width",
+    "blink",
+    "dx",
+    "dy",
+    "roll",
+    "zoom",
+)  # open, width in [-1, 1] (see shapes); blink in [0, 1]; dx, dy in face widths; roll in degrees
+OPEN, WIDTH, BLINK, DX, DY, ROLL, ZOOM = range(len(PARAMS))
+MOUTH = slice(OPEN, WIDTH + 1)
+HEAD = slice(DX, ZOOM + 1)
 
-SILENCE_DB = -50.0  # below this (dBFS) the mouth stays shut
-RANGE_DB = 30.0  # dynamic range mapped onto mouth opening, below the running peak
+SILENCE_DB = -50.0  # below this (dBFS) the mouth rests
+RANGE_DB = 30.0  # dynamic range below the running peak mapped onto the opening
 PEAK_FALL_DB_S = 4.0  # how fast the running peak forgets a loud passage
-BLINK_S = (0.07, 0.04, 0.12)  # closing, closed, opening
+QUIET_GAIN, LOUD_GAIN = 0.3, 1.05  # opening at the bottom and at the top of that range
+BLINK_S = (0.07, 0.08, 0.12)  # closing, closed, opening
+EMPHASIS_DB = 6.0  # a rise this far above the slow level is an emphasis
+SLOW_LEVEL_S = 0.4  # time constant of the slow level
+NOD_S = 0.5  # length of a nod
+NOD_GAP_S = 0.3  # shortest time between two nods
 
 
 @dataclass(frozen=True)
 class MotionCarry:
-    mouth: float = 0.0  # smoothed mouth opening at the last frame
+    mouth_ahead: tuple[tuple[float, float], ...] = ()  # the last chunk's mouth for the next frames (a T=0 seam)
     peak_db: float = -20.0  # running speech peak
     next_blink: int = -1  # frame of the next blink start; -1 = not drawn yet
-    last_blink: int = -10**9  # start frame of the latest blink
+    blink_starts: tuple[int, ...] = ()  # the latest blink starts, oldest first
     blinks: int = 0  # blinks drawn so far (seeds the next interval)
+    level_db: float = SILENCE_DB  # slow speech level at the last frame
+    nods: tuple[tuple[int, float], ...] = ()  # recent emphasis (frame, strength), oldest first
 
 
-def frame_energy_db(audio: np.ndarray, *, rate: int, fps: Fraction, num_frames: int, pad_s: float) -> np.ndarray:
-    """RMS level in dBFS of a 1.5-frame window around each frame centre. audio: (n,) -> (num_frames,)."""
+def frame_energy_db(
+    audio: np.ndarray, *, rate: int, fps: Fraction, first: int, num_frames: int, pad_s: float, window_start: int
+) -> np.ndarray:
+    """RMS level in dBFS of a 1.5-frame window around the centres of frames first .. first + num_frames, from
+    audio (n,) that starts at frame ``window_start`` minus ``pad_s`` seconds. -> (num_frames,) float32."""
     sq = np.concatenate([[0.0], np.cumsum(audio.astype(np.float64) ** 2)])
-    centres = (np.arange(num_frames) + 0.5) / float(fps) + pad_s
+    centres = (first - window_start + np.arange(num_frames) + 0.5) / float(fps) + pad_s
     half = 0.75 / float(fps)
     lo = np.clip(np.round((centres - half) * rate).astype(np.int64), 0, len(audio))
     hi = np.clip(np.round((centres + half) * rate).astype(np.int64), 0, len(audio))
@@ -40,39 +63,71 @@ def frame_energy_db(audio: np.ndarray, *, rate: int, fps: Fraction, num_frames: 
     return (10.0 * np.log10(mean_sq + 1e-12)).astype(np.float32)
 
 
-def per_frame(alpha_25: float, fps: Fraction) -> float:
-    """A one-pole coefficient tuned at 25 fps, adjusted to another frame rate."""
-    return 1.0 - (1.0 - alpha_25) ** (25.0 / float(fps))
+def loudness_targets(energy_db: np.ndarray) -> np.ndarray:
+    """Without phones: an open-ish mouth wherever there is sound. (n,) -> (n, 2) (open, width)."""
+    out = np.zeros((len(energy_db), 2), np.float32)
+    out[:, 0] = np.where(energy_db > SILENCE_DB, 0.6, 0.0)
+    return out
 
 
-def mouth_track(energy_db: np.ndarray, carry: MotionCarry, *, fps: Fraction, gain: float) -> tuple[np.ndarray, MotionCarry]:
-    attack, release = per_frame(0.65, fps), per_frame(0.4, fps)
+def running_peak(energy_db: np.ndarray, peak_db: float, *, fps: Fraction) -> np.ndarray:
+    """The running speech peak after each frame, starting from ``peak_db``. (n,) -> (n,)."""
     fall = PEAK_FALL_DB_S / float(fps)
     out = np.empty(len(energy_db), np.float32)
-    m, peak = carry.mouth, carry.peak_db
+    peak = peak_db
     for i, db in enumerate(energy_db.tolist()):
         peak = max(db, peak - fall, SILENCE_DB + RANGE_DB)
-        target = 0.0 if db < SILENCE_DB else min(1.0, max(0.0, (db - peak + RANGE_DB) / RANGE_DB)) ** 1.5 * gain
-        m += (attack if target > m else release) * (target - m)
-        out[i] = m
-    return out, MotionCarry(mouth=m, peak_db=peak, next_blink=carry.next_blink, last_blink=carry.last_blink, blinks=carry.blinks)
+        out[i] = peak
+    return out
 
 
-def blink_track(start: int, num_frames: int, carry: MotionCarry, *, fps: Fraction, interval_s: float, seed: int) -> tuple[np.ndarray, MotionCarry]:
+def shape_mouth(targets: np.ndarray, energy_db: np.ndarray, peak_db: np.ndarray, *, gain: float) -> np.ndarray:
+    """Targets (n, 2) scaled by loudness: louder speech opens wider; closures stay closed; silence rests."""
+    level = np.clip((energy_db - (peak_db - RANGE_DB)) / RANGE_DB, 0.0, 1.0)
+    level = np.convolve(np.pad(level, 1, mode="edge"), [0.25, 0.5, 0.25], mode="valid")  # no one-frame flicker
+    voiced = np.clip((energy_db - SILENCE_DB) / 6.0, 0.0, 1.0)
+    o, w = targets[:, 0], targets[:, 1]
+    out = np.empty_like(targets)
+    # Closures saturate: a lip closure that co-articulation leaves four fifths done is made complete.
+    out[:, 0] = (
+        np.where(o > 0, o * (QUIET_GAIN + (LOUD_GAIN - QUIET_GAIN) * level) * gain, np.maximum(o * 1.25, -1.0)) * voiced
+    )
+    out[:, 1] = w * voiced
+    return np.clip(out, -1.0, 1.0).astype(np.float32)
+
+
+def blink_track(
+    start: int, num_frames: int, carry: MotionCarry, *, fps: Fraction, interval_s: float, seed: int, advance: bool
+) -> tuple[np.ndarray, MotionCarry]:
+    """Eyelid closure per frame. With ``advance``, new blinks are drawn (an N chunk); without, only the
+    remembered ones are replayed (an I chunk, within frames already drawn)."""
     out = np.zeros(num_frames, np.float32)
     if interval_s <= 0:
         return out, carry
     rate = float(fps)
-    next_blink, last_blink, blinks = carry.next_blink, carry.last_blink, carry.blinks
+    next_blink, starts, blinks = carry.next_blink, list(carry.blink_starts), carry.blinks
     if next_blink < 0:
         next_blink = _blink_gap(seed, 0, interval_s, rate) // 2
     for i in range(num_frames):
         f = start + i
-        if f >= next_blink:
-            last_blink, blinks = next_blink, blinks + 1
-            next_blink = last_blink + _blink_gap(seed, blinks, interval_s, rate)
-        out[i] = _blink_shape((f - last_blink) / rate)
-    return out, MotionCarry(mouth=carry.mouth, peak_db=carry.peak_db, next_blink=next_blink, last_blink=last_blink, blinks=blinks)
+        if advance and f >= next_blink:
+            starts, blinks = starts + [next_blink], blinks + 1
+            next_blink = next_blink + _blink_gap(seed, blinks, interval_s, rate)
+        last = max((s for s in starts if s <= f), default=None)
+        out[i] = 0.0 if last is None else _blink_shape((f - last) / rate)
+    if not advance:
+        return out, carry
+    # An I chunk reaches back at most half a chunk before the next one: keep what can still show there.
+    starts = [s for s in starts if s >= start - num_frames - round((sum(BLINK_S) + 0.5) * rate)]
+    return out, MotionCarry(
+        mouth_ahead=carry.mouth_ahead,
+        peak_db=carry.peak_db,
+        next_blink=next_blink,
+        blink_starts=tuple(starts),
+        blinks=blinks,
+        level_db=carry.level_db,
+        nods=carry.nods,
+    )
 
 
 def _blink_gap(seed: int, n: int, interval_s: float, rate: float) -> int:
@@ -91,15 +146,49 @@ def _blink_shape(u: float) -> float:
     return 1.0 - (u - close - hold) / reopen
 
 
-def head_track(start: int, num_frames: int, *, fps: Fraction, amount: float, seed: int, mouth: np.ndarray) -> np.ndarray:
-    """(num_frames, 4) dx, dy, roll, zoom: slow seeded sway, a slight nod with speech; a function of absolute time."""
-    t = (start + np.arange(num_frames)) / float(fps)
+def emphasis(start: int, energy_db: np.ndarray, carry: MotionCarry, *, fps: Fraction) -> MotionCarry:
+    """Find the emphasis peaks of an N chunk's frames (a rise above the slow level) and remember them."""
+    rate = float(fps)
+    alpha = 1.0 - math.exp(-1.0 / (SLOW_LEVEL_S * rate))
+    level, nods = carry.level_db, list(carry.nods)
+    gap = round(NOD_GAP_S * rate)
+    for i, db in enumerate(np.maximum(energy_db, SILENCE_DB).tolist()):
+        f = start + i
+        rise = db - level
+        if rise > EMPHASIS_DB and db > SILENCE_DB + 10 and (not nods or f - nods[-1][0] >= gap):
+            nods.append((f, min(1.0, (rise - EMPHASIS_DB) / 12.0 + 0.3)))
+        level += alpha * (db - level)
+    nods = [n for n in nods if n[0] >= start - len(energy_db) - round((NOD_S + 0.5) * rate)]  # (as blink starts)
+    return MotionCarry(
+        mouth_ahead=carry.mouth_ahead,
+        peak_db=carry.peak_db,
+        next_blink=carry.next_blink,
+        blink_starts=carry.blink_starts,
+        blinks=carry.blinks,
+        level_db=float(level),
+        nods=tuple(nods),
+    )
+
+
+def head_track(
+    start: int, num_frames: int, carry: MotionCarry, *, fps: Fraction, amount: float, seed: int
+) -> np.ndarray:
+    """(num_frames, 4) dx, dy, roll, zoom: slow seeded sway (a function of absolute time) and a small nod
+    after each remembered emphasis."""
+    rate = float(fps)
+    frames = start + np.arange(num_frames)
+    t = frames / rate
     rng = np.random.default_rng([seed, 0x4EAD])
     phases = rng.uniform(0, 2 * math.pi, size=(4, 2))
     freqs = np.array([[0.11, 0.27], [0.09, 0.23], [0.07, 0.19], [0.05, 0.13]])  # Hz
     waves = np.sin(2 * math.pi * freqs[None] * t[:, None, None] + phases[None])  # (T, 4, 2)
     sway = 0.65 * waves[..., 0] + 0.35 * waves[..., 1]
-    scale = np.array([0.018, 0.010, 1.6, 0.008], np.float32) * amount
+    scale = np.array([0.014, 0.008, 1.4, 0.006], np.float32) * amount
     out = (sway * scale).astype(np.float32)
-    out[:, 1] += 0.006 * amount * mouth  # nod down a little while speaking
+    nod = np.zeros(num_frames)
+    for f, strength in carry.nods:
+        u = (frames - f) / (NOD_S * rate)
+        nod += strength * np.where((u >= 0) & (u < 1), np.sin(math.pi * u) ** 2, 0.0)
+    out[:, 1] += (0.012 * amount * nod).astype(np.float32)  # down and back up
+    out[:, 2] += (-0.4 * amount * nod * math.cos(seed)).astype(np.float32)  # with a slight tilt
     return out

@@ -1,131 +1,177 @@
-"""Preview rendering: one RGB frame from the reference and a row of motion parameters.
+"""Preview rendering: one RGB frame from the rig and a row of motion parameters.
 
-Everything that depends only on the reference is computed once in ``FaceRig``; a frame costs two small
-remaps (jaw, eyelids) and one affine warp (head).
+The frame is one remap of the reference: the head's soft warp, composed with the mouth and eyelid
+warps blended from their banks. Then two kinds of gaps are filled, each inside the moved contours
+and nowhere else: the mouth's inner contour shows the reference's own teeth (upper ones moved with
+the upper lip, lower ones with the jaw) over a dark interior where the mouth has newly opened; the
+eyes' lid contours show the reference's eyes where the lids have not yet covered them.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import cv2
 import numpy as np
 
-from avatar_render.face.layout import Box, FaceLayout
-from avatar_render.preview.motion import DX, DY, EYES, MOUTH, ROLL, ZOOM
-
-INTERIOR = np.array([58, 22, 28], np.float32)  # mouth interior, RGB
-INTERIOR_DEEP = np.array([24, 8, 12], np.float32)
-TEETH = np.array([226, 220, 208], np.float32)
+from avatar_render.face import mesh as fm
+from avatar_render.preview.motion import BLINK, DX, DY, OPEN, ROLL, WIDTH, ZOOM
+from avatar_render.preview.rig import Bank, FaceRig, between, contour_t, face_coords
+from avatar_render.preview.warp import Rect
 
 
-@dataclass(frozen=True)
-class Roi:
-    x0: int
-    y0: int
-    x1: int
-    y1: int
-
-    @staticmethod
-    def around(x0: float, y0: float, x1: float, y1: float, width: int, height: int) -> "Roi":
-        return Roi(max(0, int(x0)), max(0, int(y0)), min(width, int(math.ceil(x1))), min(height, int(math.ceil(y1))))
-
-    @property
-    def empty(self) -> bool:
-        return self.x1 - self.x0 < 2 or self.y1 - self.y0 < 2
-
-    def grid(self) -> tuple[np.ndarray, np.ndarray]:
-        """Pixel coordinates of the region, each (h, w) float32."""
-        ys, xs = np.mgrid[self.y0 : self.y1, self.x0 : self.x1].astype(np.float32)
-        return xs, ys
+def head_inverse(rig: FaceRig, p: np.ndarray) -> np.ndarray:
+    """(2, 3) affine in pixel-centre coordinates: output pixel -> reference pixel, for the head at ``p``."""
+    h = rig.head
+    px, py = h.pivot[0] - 0.5, h.pivot[1] - 0.5
+    fwd = cv2.getRotationMatrix2D((px, py), float(p[ROLL]), 1.0 + float(p[ZOOM]))
+    fwd[0, 2] += float(p[DX]) * h.face_width
+    fwd[1, 2] += float(p[DY]) * h.face_width
+    return cv2.invertAffineTransform(fwd)
 
 
-@dataclass(frozen=True)
-class FaceRig:
-    image: np.ndarray  # (H, W, 3) uint8, the fitted reference
-    layout: FaceLayout  # in output pixels
-    mouth_roi: Roi
-    eye_rois: tuple[Roi, Roi]
-    lid_colour: tuple[np.ndarray, np.ndarray]  # (3,) float32 skin tone above each eye
-
-    @staticmethod
-    def build(image: np.ndarray, layout: FaceLayout) -> "FaceRig":
-        h, w = image.shape[:2]
-        m, f = layout.mouth, layout.face
-        mouth_roi = Roi.around(m.cx - 0.9 * m.w, m.cy - 0.8 * m.h, m.cx + 0.9 * m.w, min(f.y + 1.1 * f.h, m.cy + 1.6 * m.w), w, h)
-        eye_rois, lids = [], []
-        for e in (layout.left_eye, layout.right_eye):
-            eye_rois.append(Roi.around(e.x - 0.15 * e.w, e.y - 0.35 * e.h, e.x + 1.15 * e.w, e.y + 1.15 * e.h, w, h))
-            strip = Roi.around(e.x + 0.25 * e.w, e.y - 0.35 * e.h, e.x + 0.75 * e.w, e.y - 0.05 * e.h, w, h)
-            patch = image[strip.y0 : max(strip.y1, strip.y0 + 1), strip.x0 : max(strip.x1, strip.x0 + 1)]
-            lids.append(patch.reshape(-1, 3).astype(np.float32).mean(axis=0) if patch.size else np.full(3, 160, np.float32))
-        return FaceRig(image=image, layout=layout, mouth_roi=mouth_roi, eye_rois=(eye_rois[0], eye_rois[1]), lid_colour=(lids[0], lids[1]))
-
-
-def render_frame(rig: FaceRig, p: np.ndarray) -> np.ndarray:
-    """p: (len(PARAMS),) motion row -> (H, W, 3) uint8."""
-    work = rig.image
-    if p[MOUTH] > 0.01 or p[EYES] > 0.01:
-        work = rig.image.copy()
-        if p[MOUTH] > 0.01 and not rig.mouth_roi.empty:
-            _open_mouth(work, rig.image, rig.mouth_roi, rig.layout.mouth, float(p[MOUTH]))
-        if p[EYES] > 0.01:
-            for roi, eye, lid in zip(rig.eye_rois, (rig.layout.left_eye, rig.layout.right_eye), rig.lid_colour):
-                if not roi.empty:
-                    _close_eye(work, rig.image, roi, eye, lid, float(p[EYES]))
-    if not np.any(p[[DX, DY, ROLL, ZOOM]]):
-        return work
-    f = rig.layout.face
-    pivot = (f.cx, f.y + 1.25 * f.h)  # roughly the neck
-    m = cv2.getRotationMatrix2D(pivot, float(p[ROLL]), 1.0 + float(p[ZOOM]))
-    m[0, 2] += float(p[DX]) * f.w
-    m[1, 2] += float(p[DY]) * f.w
-    h, w = work.shape[:2]
-    return cv2.warpAffine(work, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+def render_frame(rig: FaceRig, p: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """p: (len(PARAMS),) motion row -> (H, W, 3) uint8, written into ``out`` when given."""
+    if out is None:
+        out = rig.image.copy()
+    else:
+        out[:] = rig.image
+    head = rig.head
+    rect = head.rect
+    if rect.empty or not np.any(p):
+        return out
+    inv = head_inverse(rig, p)
+    # Head: source = x + weight * (inv(x) - x), the background still where the weight is 0.
+    mx = cv2.scaleAdd(head.wx, float(inv[0, 0] - 1), head.xs)
+    mx = cv2.scaleAdd(head.wy, float(inv[0, 1]), mx)
+    mx = cv2.scaleAdd(head.weight, float(inv[0, 2]), mx)
+    my = cv2.scaleAdd(head.wx, float(inv[1, 0]), head.ys)
+    my = cv2.scaleAdd(head.wy, float(inv[1, 1] - 1), my)
+    my = cv2.scaleAdd(head.weight, float(inv[1, 2]), my)
+    mx = cv2.resize(mx, (rect.w, rect.h), interpolation=cv2.INTER_LINEAR)
+    my = cv2.resize(my, (rect.w, rect.h), interpolation=cv2.INTER_LINEAR)
+    _edges(mx, my, rect, head, inv)
+    fwd = cv2.invertAffineTransform(inv)
+    mouth_moves = rig.mouth_bank is not None and (p[OPEN] != 0 or p[WIDTH] != 0)
+    if mouth_moves:
+        _compose(mx, my, rect, rig.mouth_bank, rig.mouth_bank.blend(float(p[OPEN]), float(p[WIDTH])), fwd)
+    if rig.eye_bank is not None and p[BLINK] > 0:
+        _compose(mx, my, rect, rig.eye_bank, rig.eye_bank.blend(float(p[BLINK])), fwd)
+    cv2.remap(rig.image, mx, my, cv2.INTER_LINEAR, dst=out[rect.slices], borderMode=cv2.BORDER_REPLICATE)
+    if mouth_moves:
+        _mouth_gap(out, rig, p, inv, fwd)
+    if rig.eyes is not None and p[BLINK] > 0:
+        _eye_gaps(out, rig, float(p[BLINK]), inv, fwd)
+    return out
 
 
-def _window(u: np.ndarray) -> np.ndarray:
-    """Raised cosine: 1 at u = 0, 0 at |u| >= 1."""
-    return 0.5 * (1.0 + np.cos(math.pi * np.clip(u, -1.0, 1.0)))
+def _edges(mx: np.ndarray, my: np.ndarray, rect: Rect, head, inv: np.ndarray) -> None:
+    """The resize cannot reach the outermost rows and columns exactly (it clamps there): set them directly."""
+    cols = np.arange(rect.x0, rect.x1, dtype=np.float32)
+    rows = np.arange(rect.y0, rect.y1, dtype=np.float32)
+    hw = head.weight
+    for sl, xs, ys, k in (
+        ((0, slice(None)), cols, np.full_like(cols, rect.y0), np.repeat(hw[0], 2)[: rect.w]),
+        ((-1, slice(None)), cols, np.full_like(cols, rect.y1 - 1), np.repeat(hw[-1], 2)[: rect.w]),
+        ((slice(None), 0), np.full_like(rows, rect.x0), rows, np.repeat(hw[:, 0], 2)[: rect.h]),
+        ((slice(None), -1), np.full_like(rows, rect.x1 - 1), rows, np.repeat(hw[:, -1], 2)[: rect.h]),
+    ):
+        mx[sl] = xs + k * (inv[0, 0] * xs + inv[0, 1] * ys + inv[0, 2] - xs)
+        my[sl] = ys + k * (inv[1, 0] * xs + inv[1, 1] * ys + inv[1, 2] - ys)
 
 
-def _open_mouth(dst: np.ndarray, src: np.ndarray, roi: Roi, mouth: Box, amount: float) -> None:
-    xs, ys = roi.grid()
-    lip = mouth.cy
-    drop = 0.42 * mouth.w * amount  # lower lip travel
-    lift = 0.1 * drop  # upper lip travel
-    wx = _window((xs - mouth.cx) / (0.85 * mouth.w))
-    below = ys >= lip
-    chin = roi.y1 - lip
-    fy_below = np.clip(1.0 - (ys - lip - 0.45 * chin) / (0.55 * chin), 0.0, 1.0)
-    fy_above = np.clip(1.0 - (lip - ys) / (0.8 * mouth.h), 0.0, 1.0)
-    shift = np.where(below, -drop * wx * fy_below, lift * wx * fy_above)
-    region = cv2.remap(src, xs, ys + shift, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE).astype(np.float32)
-    # The gap between the lips: a dark interior, teeth showing at the top when wide open.
-    top, bottom = lip - lift, lip + drop
-    half_w = 0.42 * mouth.w * (0.8 + 0.2 * amount)
-    u = (xs - mouth.cx) / half_w
-    v = (ys - top) / max(bottom - top, 1e-3)
-    inside = np.clip((1.0 - u**2 - (2 * v - 1) ** 2) * max(bottom - top, 1.0) * 0.5, 0.0, 1.0)[..., None]
-    depth = np.clip(v, 0, 1)[..., None]
-    colour = INTERIOR * (1 - depth) + INTERIOR_DEEP * depth
-    teeth = (np.clip(1.0 - v / 0.28, 0, 1) * min(1.0, max(0.0, (amount - 0.25) * 2.5)) * 0.85)[..., None]
-    colour = colour * (1 - teeth) + TEETH * teeth
-    region = region * (1 - inside) + colour * inside
-    dst[roi.y0 : roi.y1, roi.x0 : roi.x1] = np.clip(region + 0.5, 0, 255).astype(np.uint8)
+def _forward_rect(fwd: np.ndarray, pts: np.ndarray, within: Rect, margin: float) -> Rect:
+    """Output pixels covering reference points (n, 2, edge coordinates) moved by the head, clipped to ``within``."""
+    moved = (pts - 0.5) @ fwd[:, :2].T + fwd[:, 2] + 0.5
+    r = Rect.around(moved, within.x1, within.y1, margin=margin)
+    return Rect(max(r.x0, within.x0), max(r.y0, within.y0), r.x1, r.y1)
 
 
-def _close_eye(dst: np.ndarray, src: np.ndarray, roi: Roi, eye: Box, lid: np.ndarray, amount: float) -> None:
-    xs, ys = roi.grid()
-    wx = _window((xs - eye.cx) / (0.62 * eye.w))
-    top = eye.y + 0.05 * eye.h
-    edge = top + amount * 0.8 * eye.h * wx  # the lid's lower edge, curved
-    covered = np.clip(edge - ys + 0.5, 0.0, 1.0) * (ys >= top - 1) * np.clip(wx * 3.0, 0.0, 1.0)
-    region = src[roi.y0 : roi.y1, roi.x0 : roi.x1].astype(np.float32)
-    skin = cv2.remap(src, xs, np.minimum(ys, top - 0.1 * eye.h) - 0.15 * eye.h, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-    skin = 0.5 * skin.astype(np.float32) + 0.5 * lid
-    region = region * (1 - covered[..., None]) + skin * covered[..., None]
-    lash = (np.clip(1.2 - np.abs(ys - edge), 0, 1) * (amount > 0.3) * np.clip(wx * 2.0, 0, 1) * 0.6)[..., None]
-    region = region * (1 - lash) + 30.0 * lash
-    dst[roi.y0 : roi.y1, roi.x0 : roi.x1] = np.clip(region + 0.5, 0, 255).astype(np.uint8)
+def _compose(mx: np.ndarray, my: np.ndarray, rect: Rect, bank: Bank, disp: np.ndarray, fwd: np.ndarray) -> None:
+    """Add a bank's displacements, sampled where the head map points, to the head map (in place)."""
+    b = bank.rect
+    corners = np.array([[b.x0, b.y0], [b.x1, b.y0], [b.x1, b.y1], [b.x0, b.y1]], np.float32)
+    r = _forward_rect(fwd, corners, rect, 2.0)
+    if r.empty:
+        return
+    sl = (slice(r.y0 - rect.y0, r.y1 - rect.y0), slice(r.x0 - rect.x0, r.x1 - rect.x0))
+    d = cv2.remap(disp, mx[sl] - b.x0, my[sl] - b.y0, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    mx[sl] += d[..., 0]
+    my[sl] += d[..., 1]
+
+
+def _sources(sub: Rect, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reference pixel centres under the output pixels of ``sub`` (on the face, where the head moves rigidly)."""
+    xs, ys = sub.grid()
+    return (inv[0, 0] * xs + inv[0, 1] * ys + inv[0, 2]).astype(np.float32), (
+        inv[1, 0] * xs + inv[1, 1] * ys + inv[1, 2]
+    ).astype(np.float32)
+
+
+def _mouth_gap(out: np.ndarray, rig: FaceRig, p: np.ndarray, inv: np.ndarray, fwd: np.ndarray) -> None:
+    mouth, teeth, rect = rig.mouth, rig.teeth, rig.head.rect
+    assert mouth is not None and teeth is not None and rig.mouth_bank is not None
+    moved = mouth.moved(float(p[OPEN]), float(p[WIDTH]))
+    upper, lower = moved[list(fm.LIPS_INNER_UPPER)], moved[list(fm.LIPS_INNER_LOWER)]
+    sub = _forward_rect(fwd, np.concatenate([upper, lower]), rect, 2.0)
+    if sub.empty:
+        return
+    sx, sy = _sources(sub, inv)
+    s, t = face_coords(sx + 0.5, sy + 0.5, rig.mesh)
+    inside, _ = between(s, t, upper, lower, rig.mesh, min_gap=1.0, feather=max(1.0, 0.015 * mouth.width_px))
+    if not inside.any():
+        return
+    d_up, d_low = mouth.teeth(float(p[OPEN]))
+    b = rig.mouth_bank.rect
+
+    def layer(shift: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x, y = sx - float(shift[0]), sy - float(shift[1])
+        px = cv2.remap(rig.image, x, y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE).astype(np.float32)
+        m = cv2.remap(mask, x - b.x0, y - b.y0, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+        return px, m[..., None]
+
+    up_px, up_m = layer(d_up, teeth.upper)
+    low_px, low_m = layer(d_low, teeth.lower)
+    inner = _interior(rig, s, t, upper, d_up, d_low)
+    content = up_m * up_px + (1 - up_m) * (low_m * low_px + (1 - low_m) * inner)
+    a = inside[..., None]
+    region = out[sub.slices].astype(np.float32)
+    out[sub.slices] = np.clip(a * content + (1 - a) * region + 0.5, 0, 255).astype(np.uint8)
+
+
+def _interior(
+    rig: FaceRig, s: np.ndarray, t: np.ndarray, upper: np.ndarray, d_up: np.ndarray, d_low: np.ndarray
+) -> np.ndarray:
+    """The newly opened mouth, between where the upper teeth (or lip) end and the lower ones begin: in shadow
+    under the upper teeth, lighter towards the lower lip and the tongue, darker in the corners. -> (h, w, 3)."""
+    assert rig.teeth is not None
+    deep, tongue = rig.interior
+    ref_up, ref_low = rig.teeth.lips
+    t_up, t_low = contour_t(s, ref_up, rig.mesh), contour_t(s, ref_low, rig.mesh)
+    _, ey = rig.mesh.axes()
+    split = t_up + rig.teeth.split * (t_low - t_up)
+    top, bottom = split + float(d_up @ ey), split + float(d_low @ ey)
+    q = np.clip((t - top) / np.maximum(bottom - top, 1.0), 0, 1)
+    ends, _ = face_coords(upper[[0, -1], 0], upper[[0, -1], 1], rig.mesh)
+    r = np.clip(np.abs(2 * (s - ends.mean()) / max(float(ends[1] - ends[0]), 1.0)), 0, 1)
+    k = np.clip((q - 0.35) / 0.65, 0, 1)
+    w = (k * k * (3 - 2 * k)) * (1 - r * r)
+    return deep * (1 - 0.5 * r**4)[..., None] + (tongue - deep) * w[..., None]
+
+
+def _eye_gaps(out: np.ndarray, rig: FaceRig, amount: float, inv: np.ndarray, fwd: np.ndarray) -> None:
+    eyes, rect = rig.eyes, rig.head.rect
+    assert eyes is not None
+    moved = eyes.moved(amount)
+    for upper_idx, lower_idx in ((fm.LEFT_EYE_UPPER, fm.LEFT_EYE_LOWER), (fm.RIGHT_EYE_UPPER, fm.RIGHT_EYE_LOWER)):
+        upper, lower = moved[list(upper_idx)], moved[list(lower_idx)]
+        sub = _forward_rect(fwd, np.concatenate([upper, lower]), rect, 2.0)
+        if sub.empty:
+            continue
+        sx, sy = _sources(sub, inv)
+        s, t = face_coords(sx + 0.5, sy + 0.5, rig.mesh)
+        inside, _ = between(s, t, upper, lower, rig.mesh, min_gap=0.0)
+        if not inside.any():
+            continue
+        eye = cv2.remap(rig.image, sx, sy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE).astype(np.float32)
+        a = inside[..., None]
+        region = out[sub.slices].astype(np.float32)
+        out[sub.slices] = np.clip(a * eye + (1 - a) * region + 0.5, 0, 255).astype(np.uint8)

@@ -1,0 +1,133 @@
+"""Face measures from dense landmarks found in each frame of a video: lip gap and width, eye opening,
+head pose against the reference, and how much the rest of the face stays the reference (SSIM).
+
+The landmarks come from ``face.landmarks.LandmarkModel`` run on the frames themselves (tracked from
+frame to frame), never from the renderer's parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from avatar_render.errors import AvatarRenderError
+from avatar_render.face import mesh as fm
+from avatar_render.face.detect import FaceDetector
+from avatar_render.face.landmarks import LandmarkModel
+
+
+@dataclass(frozen=True)
+class FaceReading:
+    lip_gap: float  # inner lip distance, in the reference's eye distances
+    mouth_width: float  # corner to corner, in the reference's eye distances
+    eye_opening: float  # lid distance / eye width, both eyes
+    head: np.ndarray  # (2, 3) similarity taking the reference's rigid landmarks onto this frame's
+    mesh: fm.FaceMesh
+
+
+class FaceTracker:
+    """Landmarks frame after frame: found from a face box in the first frame, then followed."""
+
+    def __init__(
+        self,
+        model: LandmarkModel,
+        reference: fm.FaceMesh,
+        *,
+        image: np.ndarray | None = None,
+        still: np.ndarray | None = None,
+    ) -> None:
+        """With the reference ``image`` and a ``still`` mask of it, the head pose is refined by aligning the
+        frame's pixels to the reference's there (ECC), a tenth of a pixel where landmarks give about one."""
+        self.model = model
+        self.reference = reference
+        self._grey = None if image is None else cv2.cvtColor(image, cv2.COLOR_RGB2GRAY).astype(np.float32)
+        self._still = None if still is None else still.astype(np.uint8)
+        self.scale = reference.eye_distance
+        self._last: fm.FaceMesh | None = None
+        self._detector = FaceDetector()
+
+    def read(self, frame: np.ndarray) -> FaceReading:
+        mesh = self.model.track(frame, self._last) if self._last is not None else None
+        if mesh is None:
+            layout = self._detector.detect(frame)
+            mesh = self.model.from_box(frame, layout.face) if layout is not None else None
+        if mesh is None:
+            raise AvatarRenderError("No face found in a frame of the video; the face measures need one in every frame.")
+        self._last = mesh
+        head, _ = cv2.estimateAffinePartial2D(self.reference.at(fm.RIGID), mesh.at(fm.RIGID), method=cv2.LMEDS)
+        if self._grey is not None:
+            grey = cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY).astype(np.float32)
+            try:
+                _, fine = cv2.findTransformECC(
+                    self._grey,
+                    grey,
+                    head.astype(np.float32),
+                    cv2.MOTION_AFFINE,
+                    (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 60, 1e-5),
+                    self._still,
+                    5,
+                )
+            except cv2.error:  # no convergence: keep the landmarks' estimate
+                fine = None
+            # (ECC can run away on a frame; a refinement is only taken near where the landmarks put the head)
+            if (
+                fine is not None
+                and np.abs(fine[:, :2] - head[:, :2]).max() < 0.03
+                and np.abs(fine[:, 2] - head[:, 2]).max() < 8
+            ):
+                head = fine.astype(np.float64)
+        return FaceReading(
+            lip_gap=mesh.lip_gap() / self.scale,
+            mouth_width=mesh.mouth_width() / self.scale,
+            eye_opening=mesh.eye_opening(),
+            head=head,
+            mesh=mesh,
+        )
+
+
+def ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Structural similarity of two (H, W) float32 grey images, per pixel (Gaussian window, sigma 1.5)."""
+    c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
+    blur = lambda x: cv2.GaussianBlur(x, (11, 11), 1.5)  # noqa: E731
+    ma, mb = blur(a), blur(b)
+    va, vb, cov = blur(a * a) - ma * ma, blur(b * b) - mb * mb, blur(a * b) - ma * mb
+    return ((2 * ma * mb + c1) * (2 * cov + c2)) / ((ma * ma + mb * mb + c1) * (va + vb + c2))
+
+
+def still_mask(mesh: fm.FaceMesh, shape: tuple[int, int]) -> np.ndarray:
+    """(H, W) bool: the head and its surroundings without the mouth and jaw and without the eyes, which move.
+
+    The mouth and jaw region is the face below the nose tip (the oval's lower part), widened a little; each
+    eye is its lid contours' box, grown to include the brow's travel."""
+    h, w = shape
+    keep = np.zeros((h, w), np.uint8)
+    oval = mesh.at(fm.FACE_OVAL)
+    centre = oval.mean(axis=0)
+    cv2.fillPoly(keep, [np.round(centre + (oval - centre) * 1.25).astype(np.int32)], 1)
+    move = np.zeros((h, w), np.uint8)
+    _, ey = mesh.axes()
+    # The lips carry the skin up to the nose with them: the mouth region starts a little above its tip.
+    nose = float((mesh.points[1] - centre) @ ey) - 0.15 * mesh.eye_distance
+    lower = [p for p in centre + (oval - centre) * 1.12 if (p - centre) @ ey > nose]
+    if lower:
+        d = mesh.eye_distance
+        pts = np.array(
+            lower + [mesh.points[61] - (0.35 * d, 0.1 * d), mesh.points[291] + (0.35 * d, -0.1 * d)], np.float32
+        )
+        cv2.fillPoly(move, [np.round(cv2.convexHull(pts)).astype(np.int32)], 1)
+    for upper, low in ((fm.LEFT_EYE_UPPER, fm.LEFT_EYE_LOWER), (fm.RIGHT_EYE_UPPER, fm.RIGHT_EYE_LOWER)):
+        pts = mesh.at(upper + low)
+        c, size = pts.mean(axis=0), pts.max(axis=0) - pts.min(axis=0)
+        lo, hi = c - size * (0.8, 1.6), c + size * (0.8, 1.4)
+        cv2.rectangle(move, tuple(np.round(lo).astype(int)), tuple(np.round(hi).astype(int)), 1, -1)
+    return (keep > 0) & (move == 0)
+
+
+def undo_head(frame: np.ndarray, head: np.ndarray) -> np.ndarray:
+    """The frame warped back by its head similarity (reference geometry)."""
+    h, w = frame.shape[:2]
+    return cv2.warpAffine(
+        frame, cv2.invertAffineTransform(head), (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+    )

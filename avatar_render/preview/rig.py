@@ -1,0 +1,317 @@
+"""Everything the preview renderer computes once from the reference: the triangulated face mesh, banks
+of precomputed warps for the mouth and the eyelids, the reference's teeth split into upper and lower,
+the mouth interior's colours, and the soft head mask the head moves with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from avatar_render.face import mesh as fm
+from avatar_render.preview.shapes import EyeShape, MouthShape
+from avatar_render.preview.warp import Rect, backward_map, delaunay
+
+OPEN_LEVELS = (-1.0, -0.5, 0.0, 0.15, 0.3, 0.45, 0.6, 0.8, 1.0)
+WIDTH_LEVELS = (-1.0, 0.0, 1.0)
+BLINK_LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
+MIN_MOUTH_PX = 8.0  # narrower mouths are not animated (only the head moves)
+_RING = 1.35  # fixed vertices on the face outline scaled by this about its centre
+
+
+def _bracket(levels: tuple[float, ...], value: float) -> tuple[int, float]:
+    """(i, t): value lies a fraction t of the way from levels[i] to levels[i + 1]."""
+    v = min(max(value, levels[0]), levels[-1])
+    i = min(int(np.searchsorted(levels, v, side="right")) - 1, len(levels) - 2)
+    return i, (v - levels[i]) / (levels[i + 1] - levels[i])
+
+
+@dataclass(frozen=True, eq=False)
+class Bank:
+    """Backward-map displacements precomputed on a grid of motion amounts, blended multilinearly."""
+
+    rect: Rect  # where the maps apply, output pixels
+    axes: tuple[tuple[float, ...], ...]  # amounts along each axis of the grid
+    grids: np.ndarray  # (*[len(a) for a in axes], rect.h, rect.w, 2) float32
+
+    def blend(self, *values: float) -> np.ndarray:
+        """(rect.h, rect.w, 2) float32 displacements at the given amounts (one per axis)."""
+        corners: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
+        for axis, value in zip(self.axes, values):
+            i, t = _bracket(axis, value)
+            corners = [(idx + (i + k,), w * (t if k else 1 - t)) for idx, w in corners for k in (0, 1)]
+        out = None
+        for idx, w in corners:
+            if w <= 1e-6:
+                continue
+            g = self.grids[idx]
+            out = cv2.multiply(g, (w, w, w, w)) if out is None else cv2.scaleAdd(g, w, out)
+        return out if out is not None else np.zeros(self.grids.shape[-3:], np.float32)
+
+
+@dataclass(frozen=True, eq=False)
+class Teeth:
+    """The reference's visible teeth (what lies between the inner lip contours), split into an upper part
+    that moves with the upper lip and a lower part that moves with the jaw; masks over the mouth bank's rect."""
+
+    upper: np.ndarray  # (h, w) float32 coverage
+    lower: np.ndarray  # (h, w) float32
+    split: float  # where upper meets lower, as a fraction of the gap from the upper lip
+    lips: tuple[np.ndarray, np.ndarray]  # the reference's inner lip contours, upper and lower, (11, 2) pixels
+
+
+@dataclass(frozen=True, eq=False)
+class HeadMask:
+    """How much each pixel moves with the head: 1 on the head, fading to 0 over the background.
+
+    Sampled at every other pixel of ``rect`` (even-sized), the head's warp is made at that resolution
+    and resized up: exact where the weight is constant (the warp is affine there), smooth elsewhere.
+    """
+
+    rect: Rect
+    xs: np.ndarray  # (h/2, w/2) float32 pixel-centre x of the samples
+    ys: np.ndarray
+    weight: np.ndarray  # (h/2, w/2) float32
+    wx: np.ndarray  # weight * xs
+    wy: np.ndarray  # weight * ys
+    pivot: tuple[float, float]  # the neck, pixels
+    face_width: float  # pixels (head travel is in face widths)
+
+
+@dataclass(frozen=True, eq=False)
+class FaceRig:
+    image: np.ndarray  # (H, W, 3) uint8, the fitted reference
+    mesh: fm.FaceMesh  # in output pixels
+    mouth: MouthShape | None  # None: the face is too small to animate its mouth and eyes
+    eyes: EyeShape | None
+    mouth_bank: Bank | None
+    eye_bank: Bank | None
+    teeth: Teeth | None
+    interior: tuple[np.ndarray, np.ndarray]  # (3,) float32 RGB: deep inside the mouth, and the tongue
+    head: HeadMask
+
+
+def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
+    height, width = image.shape[:2]
+    lips = mesh.at(fm.LIPS_OUTER_LOWER[1:-1] + fm.LIPS_INNER_LOWER[1:-1])
+    lip_colour = _median_colour(image, lips)
+    interior = (lip_colour * np.float32(0.2), lip_colour * np.float32(0.62))
+    if mesh.mouth_width() < MIN_MOUTH_PX:
+        return FaceRig(
+            image=image,
+            mesh=mesh,
+            mouth=None,
+            eyes=None,
+            mouth_bank=None,
+            eye_bank=None,
+            teeth=None,
+            interior=interior,
+            head=_head_mask(mesh, width, height),
+        )
+    vertices = _vertices(mesh)
+    mouth = MouthShape.build(mesh, vertices)
+    eyes = EyeShape.build(mesh, vertices)
+    triangles = _triangulate(vertices, mouth, mesh)
+    mouth_bank = _bank(vertices, triangles, [OPEN_LEVELS, WIDTH_LEVELS], lambda o, w: mouth.moved(o, w), width, height)
+    eye_bank = _bank(vertices, triangles, [BLINK_LEVELS], lambda b: eyes.moved(b), width, height)
+    head = _head_mask(mesh, width, height, include=mouth_bank.rect.union(eye_bank.rect))
+    return FaceRig(
+        image=image,
+        mesh=mesh,
+        mouth=mouth,
+        eyes=eyes,
+        mouth_bank=mouth_bank,
+        eye_bank=eye_bank,
+        teeth=_teeth(image, mesh, mouth_bank.rect),
+        interior=interior,
+        head=head,
+    )
+
+
+def _vertices(mesh: fm.FaceMesh) -> np.ndarray:
+    """The landmarks, then a fixed ring around the face outline (the warp fades out inside it)."""
+    oval = mesh.at(fm.FACE_OVAL)
+    centre = oval.mean(axis=0)
+    ring = centre + (oval - centre) * _RING
+    return np.concatenate([mesh.points, ring]).astype(np.float32)
+
+
+def _triangulate(vertices: np.ndarray, mouth: MouthShape, mesh: fm.FaceMesh) -> np.ndarray:
+    """Delaunay triangles of the mesh with the mouth half open, so that none crosses from one lip to the other.
+
+    Landmarks inside the lips (between their outer and inner contours) and inside the eye openings are
+    left out: the model places them close to the contours, sometimes across them, and a triangle that
+    spans a contour folds when the lips press together or a lid comes down.
+    """
+    inner = set(
+        fm.LIPS_OUTER_UPPER
+        + fm.LIPS_OUTER_LOWER
+        + fm.LIPS_INNER_UPPER
+        + fm.LIPS_INNER_LOWER
+        + fm.LEFT_EYE_UPPER
+        + fm.LEFT_EYE_LOWER
+        + fm.RIGHT_EYE_UPPER
+        + fm.RIGHT_EYE_LOWER
+    )
+    drop = np.zeros(len(vertices), bool)
+    for outline in (
+        fm.LIPS_OUTER_UPPER + fm.LIPS_OUTER_LOWER[::-1],
+        fm.LEFT_EYE_UPPER + fm.LEFT_EYE_LOWER[::-1],
+        fm.RIGHT_EYE_UPPER + fm.RIGHT_EYE_LOWER[::-1],
+    ):
+        poly = mesh.at(outline).astype(np.float32)
+        for i in range(fm.NUM_POINTS):
+            if (
+                i not in inner
+                and cv2.pointPolygonTest(poly, (float(vertices[i, 0]), float(vertices[i, 1])), True) > -0.5
+            ):
+                drop[i] = True
+    keep = np.flatnonzero(~drop)
+    opened = (vertices + mouth.jaw * 0.6)[keep]
+    # Coinciding vertices (a template's closed lips) are nudged apart; Subdiv2D keeps only one of each.
+    _, first = np.unique(np.round(opened, 3), axis=0, return_index=True)
+    dup = np.setdiff1d(np.arange(len(opened)), first)
+    opened[dup] += 1e-2 * (1 + np.arange(len(dup)))[:, None]
+    return keep[delaunay(opened)].astype(np.int32)
+
+
+def _bank(vertices, triangles, axes, moved, width: int, height: int) -> Bank:
+    nodes = [()]
+    for axis in axes:
+        nodes = [n + (i,) for n in nodes for i in range(len(axis))]
+    shapes = {n: moved(*(axes[k][i] for k, i in enumerate(n))) for n in nodes}
+    moving = np.zeros(len(vertices), bool)
+    for p in shapes.values():
+        moving |= np.abs(p - vertices).max(axis=1) > 1e-3
+    touched = triangles[moving[triangles].any(axis=1)]
+    pts = (
+        np.concatenate([vertices[touched.ravel()]] + [p[touched.ravel()] for p in shapes.values()])
+        if len(touched)
+        else vertices
+    )
+    rect = Rect.around(pts, width, height, margin=2.0)
+    grids = np.zeros(tuple(len(a) for a in axes) + (rect.h, rect.w, 2), np.float32)
+    for n, p in shapes.items():
+        if np.abs(p - vertices).max() > 1e-6:
+            grids[n] = backward_map(vertices, p, touched, rect)
+    return Bank(rect=rect, axes=tuple(tuple(a) for a in axes), grids=grids)
+
+
+def face_coords(xs: np.ndarray, ys: np.ndarray, mesh: fm.FaceMesh) -> tuple[np.ndarray, np.ndarray]:
+    """Pixel-edge coordinates -> (s, t): along the eye line and down the face, pixels, from the lip corners' middle."""
+    ex, ey = mesh.axes()
+    c = (mesh.points[61] + mesh.points[291]) / 2
+    dx, dy = xs - c[0], ys - c[1]
+    return dx * ex[0] + dy * ex[1], dx * ey[0] + dy * ey[1]
+
+
+def contour_t(s: np.ndarray, contour: np.ndarray, mesh: fm.FaceMesh) -> np.ndarray:
+    """Where a contour ((n, 2) pixels, corner to corner) lies down the face at each s."""
+    cs, ct = face_coords(contour[:, 0], contour[:, 1], mesh)
+    return np.interp(s, cs, ct)
+
+
+def between(
+    s: np.ndarray,
+    t: np.ndarray,
+    upper: np.ndarray,
+    lower: np.ndarray,
+    mesh: fm.FaceMesh,
+    *,
+    grow: float = 0.0,
+    min_gap: float = 1.0,
+    feather: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Antialiased coverage of the band between two contours (each (n, 2) pixels, corner to corner) at face
+    coordinates (s, t), grown by ``grow`` pixels each way with edges ``feather`` pixels soft, and where each
+    point lies across it (0 at the upper contour, 1 at the lower). Where the band is thinner than
+    ``min_gap`` it fades out."""
+    us, _ = face_coords(upper[:, 0], upper[:, 1], mesh)
+    ls, _ = face_coords(lower[:, 0], lower[:, 1], mesh)
+    tu, tl = contour_t(s, upper, mesh), contour_t(s, lower, mesh)
+    gap = tl - tu
+    k = 1.0 / feather
+    inside = np.clip((t - (tu - grow)) * k + 0.5, 0, 1) * np.clip(((tl + grow) - t) * k + 0.5, 0, 1)
+    inside *= np.clip((s - min(us[0], ls[0])) * k + 0.5, 0, 1) * np.clip((max(us[-1], ls[-1]) - s) * k + 0.5, 0, 1)
+    inside *= np.clip((gap - min_gap) / 1.5, 0, 1)
+    across = (t - tu) / np.maximum(gap, 1e-3)
+    return inside.astype(np.float32), across.astype(np.float32)
+
+
+def _teeth(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect) -> Teeth:
+    xs, ys = rect.grid()
+    s, t = face_coords(xs + 0.5, ys + 0.5, mesh)
+    upper, lower = mesh.at(fm.LIPS_INNER_UPPER), mesh.at(fm.LIPS_INNER_LOWER)
+    inside, across = between(s, t, upper, lower, mesh, grow=1.5, min_gap=1.0)
+    split = _split(image[rect.slices], s, inside, across, mesh.mouth_width())
+    up = inside * np.clip((split - across) * 8 + 0.5, 0, 1)
+    return Teeth(upper=up.astype(np.float32), lower=(inside - up).astype(np.float32), split=split, lips=(upper, lower))
+
+
+def _split(patch: np.ndarray, s: np.ndarray, inside: np.ndarray, across: np.ndarray, mouth_width: float) -> float:
+    """Where the upper teeth meet the lower ones, as a fraction of the lip gap from the upper lip: a dark line
+    with bright teeth above and below it across the middle of the mouth. Without one, the visible teeth are
+    one row, taken as the upper teeth (1.0): smiles show those."""
+    luma = patch.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    sel = (inside > 0.99) & (np.abs(s) < 0.25 * mouth_width)
+    if sel.sum() < 20:
+        return 1.0
+    bins = np.clip((across[sel] * 10).astype(int), 0, 9)
+    sums, counts = np.bincount(bins, luma[sel], 10), np.bincount(bins, None, 10)
+    means = np.where(counts >= 2, sums / np.maximum(counts, 1), np.nan)
+    bright = np.nanmax(means) if np.isfinite(means).any() else 0.0
+    for k in np.argsort(np.nan_to_num(means, nan=np.inf)):
+        if not 2 <= k <= 8 or not np.isfinite(means[k]) or means[k] > bright - 30:
+            continue
+        if np.nanmax(means[:k]) > bright - 15 and np.nanmax(means[k + 1 :]) > bright - 15:
+            return float((k + 0.5) / 10)
+    return 1.0
+
+
+def _median_colour(image: np.ndarray, points: np.ndarray) -> np.ndarray:
+    h, w = image.shape[:2]
+    xs = np.clip(points[:, 0].astype(int), 0, w - 1)
+    ys = np.clip(points[:, 1].astype(int), 0, h - 1)
+    return np.median(image[ys, xs].astype(np.float32), axis=0).astype(np.float32)
+
+
+def _head_mask(mesh: fm.FaceMesh, width: int, height: int, include: Rect | None = None) -> HeadMask:
+    ex, ey = mesh.axes()
+    oval = mesh.at(fm.FACE_OVAL)
+    top, chin = mesh.points[10], mesh.points[fm.CHIN]
+    face_h = float(np.linalg.norm(chin - top)) * 1.15
+    face_w = float((oval @ ex).max() - (oval @ ex).min())
+    centre = (top + chin) / 2 - 0.08 * face_h * ey
+    a, b = 0.62 * face_w, 0.62 * face_h
+    band = 0.3 * face_w
+    reach = np.array([[a + band, b + band]], np.float32)
+    corners = centre + np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]], np.float32) * reach @ np.stack([ex, ey])
+    rect = Rect.around(corners, width, height)
+    if include is not None and not include.empty:
+        rect = rect.union(include)
+    rect = Rect(rect.x0, rect.y0, rect.x0 + rect.w // 2 * 2, rect.y0 + rect.h // 2 * 2)
+    # Samples at full-resolution pixel centres x0 + 2i + 0.5: a bilinear 2x resize puts them back exactly.
+    xs = np.broadcast_to(
+        rect.x0 + 0.5 + 2 * np.arange(rect.w // 2, dtype=np.float32), (rect.h // 2, rect.w // 2)
+    ).copy()
+    ys = np.broadcast_to(
+        (rect.y0 + 0.5 + 2 * np.arange(rect.h // 2, dtype=np.float32))[:, None], (rect.h // 2, rect.w // 2)
+    ).copy()
+    dx, dy = xs + 0.5 - centre[0], ys + 0.5 - centre[1]
+    s, t = dx * ex[0] + dy * ex[1], dx * ey[0] + dy * ey[1]
+    r = np.sqrt((s / a) ** 2 + (t / b) ** 2)
+    k = np.clip((r - 1) / (band / np.sqrt(a * b)), 0, 1)
+    w = (1 - k * k * (3 - 2 * k)).astype(np.float32)
+    pivot = chin + 0.35 * face_h * ey
+    return HeadMask(
+        rect=rect,
+        xs=xs,
+        ys=ys,
+        weight=w,
+        wx=w * xs,
+        wy=w * ys,
+        pivot=(float(pivot[0]), float(pivot[1])),
+        face_width=max(face_w, 1.0),
+    )

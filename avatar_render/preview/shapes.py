@@ -1,0 +1,165 @@
+"""How the face mesh moves: the lips and jaw for a mouth shape, the upper eyelids for a blink.
+
+A mouth shape is ``(open, width)``: ``open`` is -1 for lips pressed shut, 0 for the reference's own
+mouth, and up to 1 for the jaw dropped by ``JAW_DROP`` mouth widths; ``width`` is -1 for rounded lips
+(oo), 0 neutral, 1 spread (ee). Displacements are linear in the amounts, so the moved mesh of any
+shape is exact and cheap; only the image warp is precomputed (``rig.Bank``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from avatar_render.face import mesh as fm
+
+JAW_DROP = 0.32  # lower lip travel at open = 1, in mouth widths
+LIP_RAISE = 0.10  # upper lip travel up, as a fraction of the jaw's
+SPREAD = 0.12  # mouth widening at width = 1, as a fraction of the width
+ROUND = 0.28  # mouth narrowing at width = -1
+LID_TRAVEL = 0.97  # fraction of the eye opening the upper lid covers at a full blink (the lower lid rises to meet it)
+LOWER_LID_TRAVEL = 0.05
+
+
+def _smoothstep(x: np.ndarray, a: float, b: float) -> np.ndarray:
+    t = np.clip((x - a) / (b - a), 0.0, 1.0)
+    return t * t * (3 - 2 * t)
+
+
+@dataclass(frozen=True, eq=False)
+class MouthShape:
+    """Displacements of every vertex (the 468 landmarks first, fixed helper vertices after) per unit of each motion."""
+
+    base: np.ndarray  # (N, 2) float32, pixels
+    seal: np.ndarray  # (N, 2) at open = -1: the lips meet half way
+    jaw: np.ndarray  # (N, 2) at open = 1: jaw drop, upper lip raise, corners drawn in a little
+    spread: np.ndarray  # (N, 2) at width = 1
+    round: np.ndarray  # (N, 2) at width = -1
+    lower_teeth: np.ndarray  # (2,) travel of the lower teeth at open = 1 (with the jaw)
+    upper_teeth: np.ndarray  # (2,) travel of the upper teeth at open = 1 (with the upper lip)
+    width_px: float  # mouth width, pixels
+    rest_gap_px: float  # the reference's lip gap
+
+    @staticmethod
+    def build(mesh: fm.FaceMesh, vertices: np.ndarray) -> "MouthShape":
+        p = mesh.points
+        n = len(vertices)
+        ex, ey = mesh.axes()
+        width = max(mesh.mouth_width(), 1.0)
+        centre = (p[61] + p[291]) / 2
+        u = ((p - centre) @ ex) / width  # (468,) across the face, in mouth widths
+        v = ((p - centre) @ ey) / width  # down the face
+
+        upper_lip = list(fm.LIPS_OUTER_UPPER[1:-1] + fm.LIPS_INNER_UPPER[1:-1])
+        lower_lip = list(fm.LIPS_OUTER_LOWER[1:-1] + fm.LIPS_INNER_LOWER[1:-1])
+        corners = [61, 291, 78, 308]
+        lips = upper_lip + lower_lip + corners
+
+        # Jaw: the chin and lower face move with it, less towards the hinge by the ears.
+        jaw_w = _smoothstep(v, 0.05, 0.55) * np.clip(1 - (np.abs(u) - 0.5) / 1.2, 0.15, 1.0)
+        jaw_w[upper_lip] = 0.0
+        # The lower lip hangs from the corners: full travel in the middle, less towards them.
+        jaw_w[lower_lip] = 0.35 + 0.65 * np.sqrt(np.clip(1 - (2 * u[lower_lip]) ** 2, 0, 1))
+        jaw_w[corners] = 0.35
+        # Upper lip raise: the lip and a little of the skin above it.
+        up_w = np.exp(-np.maximum(-v - 0.15, 0) / 0.15) * (v < 0.05) * (np.abs(u) < 0.75)
+        up_w[upper_lip] = 0.4 + 0.6 * np.sqrt(np.clip(1 - (2 * u[upper_lip]) ** 2, 0, 1))
+        up_w[corners] = 0.4
+        up_w[lower_lip] = 0.0
+        # Lip width changes carry the skin around the lips along, fading over about a third of the width.
+        dist = np.min(np.linalg.norm(p[:, None] - p[lips][None], axis=2), axis=1) / width
+        lip_w = 0.7 * np.exp(-((dist / 0.3) ** 2))
+        lip_w[lips] = 1.0
+
+        def full(a: np.ndarray) -> np.ndarray:
+            out = np.zeros((n, 2), np.float32)
+            out[: len(a)] = a
+            return out
+
+        d = JAW_DROP * width
+        jaw = (jaw_w * d)[:, None] * ey - (up_w * LIP_RAISE * d)[:, None] * ey
+        jaw -= (0.05 * u * lip_w * width)[:, None] * ex  # opening wide draws the corners in a little
+        spread = (SPREAD * u * lip_w * width)[:, None] * ex - (0.04 * np.abs(u) * lip_w * width)[:, None] * ey
+        rnd = -(ROUND * u * lip_w * width)[:, None] * ex
+        # Rounded lips push out: the outer contours part a little, the opening rounds.
+        bulge = 0.035 * width * (1 - np.clip(np.abs(2 * u), 0, 1))
+        # (The inner upper lip stays: above it there are no teeth of the reference's to show.)
+        for idx, sign in ((fm.LIPS_OUTER_UPPER, -1), (fm.LIPS_OUTER_LOWER, 1), (fm.LIPS_INNER_LOWER, 0.6)):
+            rnd[list(idx)] += (sign * bulge[list(idx)])[:, None] * ey
+
+        seal = np.zeros((len(p), 2), np.float32)
+        for k in range(1, len(fm.LIPS_INNER_UPPER) - 1):
+            iu, il = fm.LIPS_INNER_UPPER[k], fm.LIPS_INNER_LOWER[k]
+            gap = float((p[il] - p[iu]) @ ey)
+            if gap <= 0:
+                continue
+            half = 0.5 * gap * ey
+            seal[iu], seal[il] = half, -half
+            seal[fm.LIPS_OUTER_UPPER[k]] = 0.5 * half
+            seal[fm.LIPS_OUTER_LOWER[k]] = -0.5 * half
+        return MouthShape(
+            base=vertices.astype(np.float32),
+            seal=full(seal),
+            jaw=full(jaw),
+            spread=full(spread),
+            round=full(rnd),
+            lower_teeth=(d * ey).astype(np.float32),
+            upper_teeth=(-LIP_RAISE * d * ey).astype(np.float32),
+            width_px=width,
+            rest_gap_px=mesh.lip_gap(),
+        )
+
+    def displacement(self, open_: float, width: float) -> np.ndarray:
+        """(N, 2) vertex displacements of a mouth shape."""
+        out = (self.seal * -open_) if open_ < 0 else (self.jaw * open_)
+        return out + (self.spread * width if width > 0 else self.round * -width)
+
+    def moved(self, open_: float, width: float) -> np.ndarray:
+        return self.base + self.displacement(open_, width)
+
+    def teeth(self, open_: float) -> tuple[np.ndarray, np.ndarray]:
+        """Travel of the upper and lower teeth (each (2,)): they move with the upper lip and the jaw, never
+        with the lips pressing together (the lips close over them)."""
+        o = max(open_, 0.0)
+        return self.upper_teeth * o, self.lower_teeth * o
+
+
+@dataclass(frozen=True, eq=False)
+class EyeShape:
+    base: np.ndarray  # (N, 2)
+    blink: np.ndarray  # (N, 2) displacements at a full blink
+
+    @staticmethod
+    def build(mesh: fm.FaceMesh, vertices: np.ndarray) -> "EyeShape":
+        p = mesh.points
+        ex, ey = mesh.axes()
+        out = np.zeros((len(vertices), 2), np.float32)
+        lids = set()
+        for upper, lower in ((fm.LEFT_EYE_UPPER, fm.LEFT_EYE_LOWER), (fm.RIGHT_EYE_UPPER, fm.RIGHT_EYE_LOWER)):
+            lids.update(upper + lower)
+            width = float(np.linalg.norm(p[upper[-1]] - p[upper[0]]))
+            drops = []
+            for k in range(1, len(upper) - 1):
+                gap = p[lower[k]] - p[upper[k]]
+                out[upper[k]] = LID_TRAVEL * gap
+                out[lower[k]] = -LOWER_LID_TRAVEL * gap
+                drops.append(float(gap @ ey))
+            # The skin between the lid and the brow stretches down after it, less the higher it is.
+            mean_drop = LID_TRAVEL * float(np.mean(drops)) if drops else 0.0
+            lid = p[list(upper)]
+            s0, s1 = float((lid @ ex).min()), float((lid @ ex).max())
+            for i in range(len(p)):
+                if i in lids:
+                    continue
+                s, t = float(p[i] @ ex), float(p[i] @ ey)
+                if not s0 - 0.1 * width <= s <= s1 + 0.1 * width:
+                    continue
+                t_lid = float(np.interp(s, lid @ ex, lid @ ey))
+                above = (t_lid - t) / max(width, 1e-6)
+                if 0 < above < 0.45:
+                    out[i] += (0.4 * (1 - above / 0.45) ** 2 * mean_drop) * ey
+        return EyeShape(base=vertices.astype(np.float32), blink=out)
+
+    def moved(self, amount: float) -> np.ndarray:
+        return self.base + self.blink * amount

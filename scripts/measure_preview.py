@@ -1,0 +1,316 @@
+"""Measure a preview render on its own frames, with face landmarks found in each frame (not the renderer's
+parameters): lip gap against speech level, m/b/p closures and ee/oo widths (with the text, by forced
+alignment), silence, blinks, how much the rest of the face stays the reference, teeth.
+
+    python scripts/measure_preview.py VIDEO --ref REF --audio AUDIO [--text TEXT.txt] [--json OUT.json]
+
+Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all printed with the figures):
+* lip gap: distance between the inner lip contours (middle five points), in the reference's eye distances;
+  opening: the lip gap above the reference's own (a smiling reference shows its teeth at rest).
+* visible opening: the pixels inside the frame's outer lip contour that are not lip (teeth or the dark
+  mouth: grey level 40 or more from the reference's lips), in squared eye distances. The landmark
+  model's inner contours do not close fully on closed lips (on the example it reads 0.10 eye distances
+  at a complete closure, 0.17 at rest), so closures and silence are judged on this one too.
+* speech level: RMS of the audio during each frame in dB, floored 40 dB below the loud passages.
+* closures (--text): phones M, B, P from a forced alignment of the text (PocketSphinx, sentence by
+  sentence); closed when the lip gap is under 15 % of its median in speech on a frame whose centre
+  lies within 40 ms of the phone's middle. The landmark model cannot read that low on a smiling
+  reference: it reads the reference rendered with its lips pressed shut (the instrument's floor, also
+  printed) at about 0.10 eye distances; so closures are also counted against that floor: closed when
+  the gap is within a quarter of the way from the floor to the speech median.
+* ee/oo (--text with "see" and "sue"): mouth width on the middle frame of each IY and UW phone.
+* silence: frames 30 dB below the loud passages for 0.12 s either side (as ``inspect``).
+* blinks: the eye opening falling under 85 % of its median (the landmark model reads a fully closed eye
+  of the example at 73 % of an open one).
+* still: SSIM to the reference after undoing the head's motion (an affine map fitted to rigid landmarks,
+  refined by aligning the frame's pixels to the reference's there), over
+  the head and its surroundings without the mouth/jaw and eye regions; background: SSIM outside the head.
+* teeth: where the reference shows teeth, the best normalised correlation of that patch with the
+  frame (head undone, searched over small vertical shifts) on every frame whose lips are apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from avatar_render.face import mesh as fm
+from avatar_render.face.landmarks import LandmarkModel, find_model
+from avatar_render.io.audio import AudioReader
+from avatar_render.metrics.face_track import FaceTracker, ssim_map, still_mask, undo_head
+from avatar_render.metrics.regions import fitted_reference, luma
+from avatar_render.metrics.series import pearson
+from avatar_render.metrics.speech import SILENCE_DB, SILENCE_GUARD_S, iter_frame_levels, speech_level_db
+from avatar_render.metrics.video import iter_frames, probe_video
+
+
+def load_16k(path: Path) -> np.ndarray:
+    with AudioReader(path, fps=Fraction(25), model_rate=16000) as a:
+        a.probe(10**9)
+        return a.model_audio(0, a.total_frames)
+
+
+def align(path: Path, text: str) -> list[tuple[str, float, float]]:
+    """(phone, start s, end s) of the text spoken in the audio: PocketSphinx forced alignment, one sentence
+    per stretch of speech between pauses."""
+    from pocketsphinx import Decoder
+
+    x = load_16k(path)
+    energy = np.sqrt(np.array([np.mean(x[i : i + 160] ** 2) for i in range(0, len(x) - 160, 160)]))
+    quiet = energy < 1e-3
+    stretches, start, run = [], None, 0
+    for i, q in enumerate(quiet):
+        if not q:
+            start = i if start is None else start
+            run = 0
+        else:
+            run += 1
+            if start is not None and run >= 25:
+                stretches.append((start, i - run + 1))
+                start = None
+    if start is not None:
+        stretches.append((start, len(quiet)))
+    sentences = [s for s in re.split(r"[.!?]", text) if s.strip()]
+    if len(stretches) != len(sentences):
+        stretches, sentences = [(0, len(quiet))], [text]
+    out = []
+    for (a, b), sentence in zip(stretches, sentences):
+        a, b = max(0, a - 10), b + 10
+        words = re.sub(r"[^a-z' ]", " ", sentence.lower()).split()
+        pcm = (np.clip(x[a * 160 : b * 160], -1, 1) * 32767).astype(np.int16).tobytes()
+        d = Decoder(samprate=16000, bestpath=False, fsgusefiller=False, loglevel="FATAL")
+        d.set_align_text(" ".join(words))
+        for second in (False, True):
+            if second:
+                d.set_alignment()
+            d.start_utt()
+            d.process_raw(pcm, full_utt=True)
+            d.end_utt()
+            if not second and d.hyp() is None:  # (hyp() must not be asked in sub-word alignment mode)
+                sys.exit(f"The text could not be aligned with {path} ('{sentence.strip()}').")
+        alignment = d.get_alignment()  # (kept referenced while its phones are read: the binding needs it)
+        out += [(p.name, (a + p.start) / 100, (a + p.start + p.duration) / 100) for p in alignment.phones()]
+    return out
+
+
+def closed_reading(ref: Path, width: int, height: int, model: LandmarkModel, ref_mesh: fm.FaceMesh) -> float:
+    """What the landmark model reads as the lip gap of the reference with its lips pressed shut (pixels)."""
+    from avatar_render.api import request_input
+    from avatar_render.config import load_config
+    from avatar_render.io.reference import load_reference
+    from avatar_render.preview.engine import build_preview
+    from avatar_render.preview.motion import OPEN, PARAMS
+    from avatar_render.preview.render import render_frame
+
+    cfg = load_config(None, (f"video.width={width}", f"video.height={height}"))
+    static = build_preview(cfg).prepare(request_input(cfg, load_reference(ref), ref))
+    p = np.zeros(len(PARAMS), np.float32)
+    p[OPEN] = -1.0
+    mesh = model.track(render_frame(static.rig, p), ref_mesh)
+    return mesh.lip_gap() if mesh is not None else 0.0
+
+
+def blink_count(opening: np.ndarray) -> int:
+    # The landmark model reads a fully closed eye of the example at 0.21 against 0.29 open (73 %): a dip
+    # under 85 % of the median is a blink.
+    closed = opening < 0.85 * np.median(opening)
+    return int(np.sum(closed[1:] & ~closed[:-1]) + closed[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("video", type=Path)
+    ap.add_argument("--ref", type=Path, required=True)
+    ap.add_argument("--audio", type=Path, required=True)
+    ap.add_argument("--text", type=Path, default=None, help="the words spoken (for closures and ee/oo)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    path = find_model()
+    if path is None:
+        sys.exit("The face landmark model is not installed: python scripts/fetch_face_model.py")
+    info = probe_video(args.video)
+    fps = float(info.fps)
+    ref = fitted_reference(args.ref, info.width, info.height)
+    model = LandmarkModel(path)
+    ref_mesh = model.from_box(ref.image, ref.layout.face)
+    if ref_mesh is None:
+        sys.exit("No face landmarks found in the reference.")
+    scale = ref_mesh.eye_distance
+    rest_gap = ref_mesh.lip_gap() / scale
+    floor = closed_reading(args.ref, info.width, info.height, model, ref_mesh) / scale
+    still = still_mask(ref_mesh, (info.height, info.width))
+    tracker = FaceTracker(model, ref_mesh, image=ref.image, still=still)
+    oval = ref_mesh.at(fm.FACE_OVAL)
+    head_zone = np.zeros((info.height, info.width), np.uint8)
+    c = oval.mean(axis=0)
+    cv2.fillPoly(head_zone, [np.round(c + (oval - c) * 2.0).astype(np.int32)], 1)
+    background = head_zone == 0
+    ref_luma = luma(ref.image)
+    # The reference's visible teeth: between its inner lip contours, if they are apart.
+    teeth_box = None
+    if ref_mesh.lip_gap() > 3:
+        pts = np.concatenate([ref_mesh.at(fm.LIPS_INNER_UPPER[2:-2]), ref_mesh.at(fm.LIPS_INNER_LOWER[2:-2])])
+        x0, y0 = np.floor(pts.min(axis=0)).astype(int) + (0, 1)
+        x1, y1 = np.ceil(pts.max(axis=0)).astype(int) - (0, 1)
+        teeth_box = (x0, y0, x1, y0 + max(3, int(0.6 * (y1 - y0))))  # the upper teeth, away from the lower lip
+    lips_region = np.zeros((info.height, info.width), np.uint8)
+    cv2.fillPoly(
+        lips_region,
+        [
+            np.round(np.concatenate([ref_mesh.at(fm.LIPS_OUTER_UPPER), ref_mesh.at(fm.LIPS_OUTER_LOWER)[::-1]])).astype(
+                np.int32
+            )
+        ],
+        1,
+    )
+    cv2.fillPoly(
+        lips_region,
+        [
+            np.round(np.concatenate([ref_mesh.at(fm.LIPS_INNER_UPPER), ref_mesh.at(fm.LIPS_INNER_LOWER)[::-1]])).astype(
+                np.int32
+            )
+        ],
+        0,
+    )
+    lip_luma = float(np.median(ref_luma[lips_region > 0]))
+    gaps, widths, eyes, ssim_still, ssim_bg, teeth, visible = [], [], [], [], [], [], []
+    for frame in iter_frames(args.video):
+        r = tracker.read(frame)
+        mouth = np.zeros((info.height, info.width), np.uint8)
+        outline = np.concatenate([r.mesh.at(fm.LIPS_OUTER_UPPER), r.mesh.at(fm.LIPS_OUTER_LOWER)[::-1]])
+        cv2.fillPoly(mouth, [np.round(outline).astype(np.int32)], 1)
+        visible.append(float((np.abs(luma(frame)[mouth > 0] - lip_luma) >= 40).sum()) / scale**2)
+        gaps.append(r.lip_gap)
+        widths.append(r.mouth_width)
+        eyes.append(r.eye_opening)
+        undone = luma(undo_head(frame, r.head))
+        s = ssim_map(undone, ref_luma)
+        ssim_still.append(float(s[still].mean()))
+        ssim_bg.append(float(ssim_map(luma(frame), ref_luma)[background].mean()) if background.any() else float("nan"))
+        if teeth_box is not None:
+            x0, y0, x1, y1 = teeth_box
+            patch = ref_luma[y0:y1, x0:x1]
+            shift = int(np.ceil(0.08 * scale))
+            area = undone[max(0, y0 - shift) : y1 + shift, x0:x1]
+            ncc = cv2.matchTemplate(area, patch, cv2.TM_CCOEFF_NORMED)
+            teeth.append(float(ncc.max()))
+    n = len(gaps)
+    gaps, widths, eyes = np.array(gaps), np.array(widths), np.array(eyes)
+    levels = iter_frame_levels(args.audio, fps=info.fps)
+    rms = np.array([next(levels) for _ in range(n)])
+    levels.close()
+    level, top = speech_level_db(rms)
+    silent = level < top - SILENCE_DB
+    guard = max(1, round(SILENCE_GUARD_S * fps))
+    sustained = np.lib.stride_tricks.sliding_window_view(
+        np.pad(silent, guard, constant_values=True), 2 * guard + 1
+    ).all(axis=1)
+    speech = ~silent
+    opening = np.maximum(gaps - rest_gap, 0)
+    visible = np.array(visible)
+    rest_visible = (
+        float(
+            (
+                np.abs(
+                    ref_luma[
+                        cv2.fillPoly(
+                            np.zeros_like(lips_region),
+                            [
+                                np.round(
+                                    np.concatenate(
+                                        [ref_mesh.at(fm.LIPS_OUTER_UPPER), ref_mesh.at(fm.LIPS_OUTER_LOWER)[::-1]]
+                                    )
+                                ).astype(np.int32)
+                            ],
+                            1,
+                        )
+                        > 0
+                    ]
+                    - lip_luma
+                )
+                >= 40
+            ).sum()
+        )
+        / scale**2
+    )
+    vis_open = np.maximum(visible - rest_visible, 0)
+    out: dict = {
+        "video": str(args.video),
+        "frames": n,
+        "fps": fps,
+        "landmarks": "MediaPipe face mesh (468 points) on each frame",
+        "rest_lip_gap": round(rest_gap, 4),
+        "r_lip_gap_vs_level": round(pearson(gaps, level), 3),
+        "r_best_lag": max(
+            (round(pearson(gaps[max(k, 0) : n + min(k, 0)], level[max(-k, 0) : n - max(k, 0)]), 3), k)
+            for k in range(-4, 5)
+        ),
+        "r_visible_opening_vs_level": round(pearson(visible, level), 3),
+        "rest_visible_opening": round(rest_visible, 4),
+        "visible_opening_silence_over_speech": round(
+            float(vis_open[sustained].mean() / max(vis_open[speech].mean(), 1e-9)), 4
+        )
+        if sustained.any() and speech.any()
+        else None,
+        "silence_s": round(float(sustained.sum() / fps), 2),
+        "opening_silence_over_speech": round(float(opening[sustained].mean() / max(opening[speech].mean(), 1e-9)), 4)
+        if sustained.any() and speech.any()
+        else None,
+        "blinks": blink_count(eyes),
+        "blinks_per_minute": round(blink_count(eyes) / (n / fps / 60), 1),
+        "ssim_still_mean": round(float(np.mean(ssim_still)), 4),
+        "ssim_still_min": round(float(np.min(ssim_still)), 4),
+        "ssim_background_min": round(float(np.nanmin(ssim_bg)), 4),
+    }
+    if teeth:
+        apart = gaps > 0.5 * rest_gap
+        t = np.array(teeth)
+        out["teeth_ncc_min_lips_apart"] = round(float(t[apart].min()), 3) if apart.any() else None
+        out["teeth_present_frames"] = (
+            f"{int((t[apart] > 0.7).sum())}/{int(apart.sum())} (lips apart; {int((~apart).sum())} lips closed)"
+        )
+    if args.text is not None:
+        phones = align(args.audio, args.text.read_text())
+        median = float(np.median(gaps[speech]))
+        mids = [((a + b) / 2, p) for p, a, b in phones if p in ("M", "B", "P")]
+        closed, floored = [], []
+        for mid, p in mids:
+            near = [f for f in range(n) if abs((f + 0.5) / fps - mid) <= 0.04]
+            if near:
+                closed.append(bool(gaps[near].min() < 0.15 * median))
+                floored.append(bool(gaps[near].min() < floor + 0.25 * (median - floor)))
+        vmedian = float(np.median(visible[speech]))
+        vclosed = []
+        for mid, p in mids:
+            near = [f for f in range(n) if abs((f + 0.5) / fps - mid) <= 0.04]
+            if near:
+                vclosed.append(bool(visible[near].min() < 0.15 * vmedian))
+        if mids:
+            out["mbp_closed_by_lip_gap"] = f"{sum(closed)}/{len(closed)}"
+            out["lip_gap_floor_closed"] = round(floor, 4)
+            out["speech_median_lip_gap"] = round(median, 4)
+            out["mbp_closed_against_floor"] = f"{sum(floored)}/{len(floored)}"
+            out["mbp_closed_by_visible_opening"] = f"{sum(vclosed)}/{len(vclosed)}"
+            out["mbp_closed_fraction"] = round(sum(vclosed) / max(len(vclosed), 1), 3)
+        ee = [(a + b) / 2 for p, a, b in phones if p == "IY"]
+        oo = [(a + b) / 2 for p, a, b in phones if p == "UW"]
+        if ee and oo:
+            at = lambda t: widths[min(n - 1, int(t * fps))]  # noqa: E731
+            pairs = list(zip(ee, oo))
+            out["ee_oo_width"] = [(round(float(at(e)), 3), round(float(at(o)), 3)) for e, o in pairs]
+            out["ee_wider_than_oo"] = f"{sum(at(e) > at(o) for e, o in pairs)}/{len(pairs)}"
+    for k, v in out.items():
+        print(f"{k}: {v}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""The preview backend's parts: phones and visemes, blinks and nods across chunks, the mesh-warp rig."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from avatar_render.api import request_input
+from avatar_render.config import load_config
+from avatar_render.face.landmarks import find_model
+from avatar_render.io.audio import AudioReader
+from avatar_render.io.reference import load_reference
+from avatar_render.preview import motion
+from avatar_render.preview.engine import build_preview
+from avatar_render.preview.motion import MotionCarry, blink_track, emphasis, head_track
+from avatar_render.preview.phones import RATE, Phone, PhoneRecognizer, model_dir, stop_closures
+from avatar_render.preview.render import render_frame
+from avatar_render.preview.visemes import mouth_targets
+
+ROOT = Path(__file__).resolve().parents[1]
+FACE = ROOT / "examples" / "face.png"
+TALK = ROOT / "examples" / "talk.wav"
+needs_sphinx = pytest.mark.skipif(model_dir() is None, reason="pocketsphinx is not installed")
+
+
+def rig_for(width: int, height: int, *extra: str, ref: Path = FACE):
+    cfg = load_config(None, (f"video.width={width}", f"video.height={height}", *extra))
+    return build_preview(cfg).prepare(request_input(cfg, load_reference(ref), ref))
+
+
+def row(open_=0.0, width=0.0, blink=0.0, dx=0.0, dy=0.0, roll=0.0, zoom=0.0) -> np.ndarray:
+    return np.array([open_, width, blink, dx, dy, roll, zoom], np.float32)
+
+
+@needs_sphinx
+def test_phone_recognition_depends_on_the_window_only():
+    with AudioReader(TALK, fps=Fraction(25), model_rate=RATE) as a:
+        a.probe(10**6)
+        x = a.model_audio(0, a.total_frames)
+    windows = [x[s : s + 2 * RATE] for s in range(0, 8 * RATE, 2 * RATE)]
+    ahead = PhoneRecognizer()
+    forward = [ahead.recognize(w) for w in windows]
+    back = PhoneRecognizer()
+    backward = [back.recognize(w) for w in reversed(windows)][::-1]
+    assert forward == backward  # what a resumed render (fresh decoder, later windows first) sees
+    labels = {p.label for ps in forward for p in ps}
+    assert len(labels) > 10 and "SIL" in labels
+
+
+def test_short_pauses_in_speech_become_closures():
+    n = int(0.4 * RATE)
+    t = np.arange(n) / RATE
+    low = np.sin(2 * np.pi * 300 * t).astype(np.float32)  # a dull release: lips
+    high = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    high = np.diff(high, prepend=0).astype(np.float32)  # mostly above 3 kHz: tongue
+    for burst, expected in ((low, "B"), (high, "T")):
+        audio = np.concatenate([np.zeros(int(0.2 * RATE), np.float32), burst])
+        phones = (Phone("AA", 0.0, 0.1), Phone("SIL", 0.1, 0.2), Phone("AA", 0.2, 0.4))
+        assert [p.label for p in stop_closures(phones, audio)] == ["AA", expected, "AA"]
+    long_pause = (Phone("AA", 0.0, 0.1), Phone("SIL", 0.1, 0.5), Phone("AA", 0.5, 0.6))
+    assert stop_closures(long_pause, np.zeros(RATE, np.float32))[1].label == "SIL"
+
+
+def test_visemes_close_for_m_and_spread_ee_rounded_oo():
+    phones = (
+        Phone("SIL", 0, 0.3),
+        Phone("AA", 0.3, 0.5),
+        Phone("M", 0.5, 0.58),
+        Phone("AA", 0.58, 0.8),
+        Phone("IY", 0.8, 1.1),
+        Phone("SIL", 1.1, 1.4),
+        Phone("UW", 1.4, 1.7),
+        Phone("SIL", 1.7, 2.4),
+    )
+    times = np.arange(0.02, 2.4, 0.04)
+    shapes = mouth_targets(phones, times)
+    at = lambda s: shapes[int(np.argmin(np.abs(times - s)))]  # noqa: E731
+    assert at(0.5)[0] < -0.6  # m: closed
+    assert at(0.36)[0] > 0.4 and at(0.7)[0] > 0.4  # a: open on both sides of it
+    assert at(0.95)[1] > 0.6 and at(1.55)[1] < -0.6  # ee spread, oo rounded
+    assert abs(at(2.3)[0]) < 0.05 and abs(at(2.3)[1]) < 0.05  # silence: the reference's own mouth
+    d = np.diff(shapes[:, 0])
+    assert not np.any(
+        (np.abs(d[:-1]) > 0.5) & (np.abs(d[1:]) > 0.5) & (np.sign(d[:-1]) != np.sign(d[1:]))
+    )  # no one-frame shapes
+
+
+def test_blinks_and_nods_replay_exactly_in_an_i_chunk():
+    fps = Fraction(25)
+    energy = np.where(np.arange(100) % 20 < 6, -15.0, -45.0).astype(np.float32)
+    carry = MotionCarry()
+    tracks, heads = [], []
+    for start in (0, 50):
+        blink, carry = blink_track(start, 50, carry, fps=fps, interval_s=1.0, seed=3, advance=True)
+        carry = emphasis(start, energy[start : start + 50], carry, fps=fps)
+        tracks.append(blink)
+        heads.append(head_track(start, 50, carry, fps=fps, amount=1.0, seed=3))
+    assert carry.nods and carry.blink_starts
+    # An I chunk over frames 40..60 runs with the carry left after the second N chunk.
+    again, same = blink_track(40, 20, carry, fps=fps, interval_s=1.0, seed=3, advance=False)
+    assert same is carry
+    assert np.array_equal(again, np.concatenate(tracks)[40:60])
+    head = head_track(40, 20, carry, fps=fps, amount=1.0, seed=3)
+    assert np.allclose(head, np.concatenate(heads)[40:60], atol=1e-6)
+    assert np.concatenate(tracks).max() == 1.0 and 0 < (np.concatenate(tracks) > 0.5).sum() < 40
+
+
+def test_loudness_scales_openings_not_closures():
+    targets = np.array([[0.5, 0.0], [0.5, 0.0], [-1.0, 0.0], [0.5, 0.5]], np.float32)
+    quiet = motion.shape_mouth(targets, np.full(4, -40.0, np.float32), np.full(4, -10.0, np.float32), gain=1.0)
+    loud = motion.shape_mouth(targets, np.full(4, -10.0, np.float32), np.full(4, -10.0, np.float32), gain=1.0)
+    silent = motion.shape_mouth(targets, np.full(4, -80.0, np.float32), np.full(4, -10.0, np.float32), gain=1.0)
+    assert loud[0, 0] > quiet[0, 0] > 0 and loud[2, 0] == -1.0
+    assert np.all(silent == 0)
+
+
+@pytest.fixture(scope="module")
+def example():
+    return rig_for(512, 512)
+
+
+def test_rest_is_the_reference_and_teeth_stay_the_references(example):
+    rig = example.rig
+    assert np.array_equal(render_frame(rig, row()), rig.image)  # nothing painted at rest
+    opened = render_frame(rig, row(open_=0.6)).astype(np.float32)
+    ref = rig.image.astype(np.float32)
+    up, low = rig.teeth.upper > 0.99, rig.teeth.lower > 0.99
+    assert up.sum() + low.sum() > 50  # the example smiles: teeth at rest
+    b = rig.mouth_bank.rect
+    d_up, _ = rig.mouth.teeth(0.6)
+    ys, xs = np.nonzero(up)
+    ys2 = np.clip(np.round(ys + b.y0 + d_up[1]).astype(int), 0, 511)
+    xs2 = np.clip(np.round(xs + b.x0 + d_up[0]).astype(int), 0, 511)
+    # The upper teeth moved with the upper lip, not repainted: the same pixels, one bilinear step apart.
+    assert np.abs(opened[ys2, xs2] - ref[ys + b.y0, xs + b.x0]).mean() < 12
+    # Below them the mouth has opened: darker than the lower lip was.
+    gap = rig.mesh.points[14] + (0, 3)
+    assert opened[int(gap[1]), int(gap[0])].mean() < 0.6 * ref[int(gap[1]) + 6, int(gap[0])].mean()
+
+
+def test_closures_blinks_and_head_motion_move_only_their_parts(example):
+    rig = example.rig
+    ref = rig.image.astype(np.int16)
+    m = rig.mesh
+    closed = render_frame(rig, row(open_=-1.0)).astype(np.int16)
+    blink = render_frame(rig, row(blink=1.0)).astype(np.int16)
+    eye = m.left_eye_centre.astype(int)
+    mouth = m.mouth_centre.astype(int)
+    assert np.abs(closed - ref)[mouth[1] - 3 : mouth[1] + 3, mouth[0] - 10 : mouth[0] + 10].mean() > 20  # teeth covered
+    assert np.abs(closed - ref)[eye[1] - 5 : eye[1] + 5].mean() < 0.05  # the eyes did not move
+    assert np.abs(blink - ref)[eye[1] - 2 : eye[1] + 2, eye[0] - 5 : eye[0] + 5].mean() > 20  # lid over the eye
+    assert np.abs(blink - ref)[mouth[1] - 5 : mouth[1] + 5].max() == 0
+    turned = render_frame(rig, row(dx=0.02, roll=2.0)).astype(np.int16)
+    assert np.abs(turned - ref)[:3].max() == 0 and np.abs(turned - ref)[:, -3:].max() == 0  # background still
+    assert np.abs(turned - ref)[eye[1] - 5 : eye[1] + 5].mean() > 5
+
+
+@pytest.mark.parametrize("size", [(256, 256), (1280, 720), (720, 1280), (32, 32)])
+def test_any_size_and_shape(size):
+    static = rig_for(*size)
+    frame = render_frame(static.rig, row(open_=0.5, width=-0.5, blink=0.5, dx=0.01, roll=1.0))
+    assert frame.shape == (size[1], size[0], 3)
+    assert (static.rig.mouth is None) == (size == (32, 32))  # too small a face to animate: only the head moves
+
+
+def test_face_off_centre_and_template_fallback(tmp_path):
+    from PIL import Image
+
+    canvas = np.full((600, 1000, 3), 200, np.uint8)
+    canvas[60:572, 40:552] = load_reference(FACE)  # the face in the left half of a landscape picture
+    path = tmp_path / "wide.png"
+    Image.fromarray(canvas).save(path)
+    for setting in ("auto", "template"):
+        static = rig_for(640, 360, f"face.landmarks={setting}", ref=path)
+        assert static.face_detected and static.landmarks == (
+            "model" if setting == "auto" and find_model() else "template"
+        )
+        frame = render_frame(static.rig, row(open_=0.5))
+        assert np.abs(frame.astype(np.int16) - static.rig.image).max() > 30  # the mouth moved
