@@ -284,7 +284,8 @@ def validate(cfg: Config) -> None:
         (
             cfg.chunk.transition_frames == 0 or cfg.chunk.transition_frames + 2 <= cfg.chunk.chunk_frames,
             "chunk.transition_frames",
-            "plus 2 must not exceed chunk.chunk_frames",
+            f"({cfg.chunk.transition_frames}) plus 2 must not exceed chunk.chunk_frames ({cfg.chunk.chunk_frames}); "
+            "lower it (0: no I chunks)",
         ),
         (1 <= cfg.preview.fps <= 120, "preview.fps", "must be between 1 and 120"),
         (0 <= cfg.preview.mouth_gain <= 2, "preview.mouth_gain", "must be between 0 and 2"),

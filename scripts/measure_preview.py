@@ -102,7 +102,7 @@ def align(path: Path, text: str) -> list[tuple[str, float, float]]:
 
 def closed_reading(ref: Path, width: int, height: int, model: LandmarkModel, ref_mesh: fm.FaceMesh) -> float:
     """What the landmark model reads as the lip gap of the reference with its lips pressed shut (pixels)."""
-    from avatar_render.api import request_input
+    from avatar_render.job.setup import request_input
     from avatar_render.config import load_config
     from avatar_render.io.reference import load_reference
     from avatar_render.preview.engine import build_preview

@@ -392,7 +392,7 @@ CASES = {
     "override: mouth_gain inf": Case(
         "Config key 'preview.mouth_gain' must be a finite number, not inf", args=("preview.mouth_gain=inf",)),
     "override: mouth_gain 1e300": Case(
-        "Config key 'preview.mouth_gain' must be between 0 and 100", args=("preview.mouth_gain=1e300",)),
+        "Config key 'preview.mouth_gain' must be between 0 and 2", args=("preview.mouth_gain=1e300",)),
     "override: blink interval inf": Case("Config key 'preview.blink_interval_s' must be a finite number, not inf",
                                          args=("preview.blink_interval_s=inf",)),
     "override: fps nan": Case("Config key 'preview.fps' must be a finite number, not nan", args=("preview.fps=nan",)),

@@ -19,7 +19,7 @@ from avatar_render.job.journal import MARKER
 from tests.media import speech_like, write_audio
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ("video.width=48", "video.height=48", "chunk.chunk_frames=10", "video.gop_seconds=0.4", "-q")
+TINY = ("video.width=48", "video.height=48", "chunk.chunk_frames=10", "chunk.transition_frames=4", "video.gop_seconds=0.4", "-q")
 
 
 def state(folder: Path) -> dict[str, tuple]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from avatar_render.api import request_input
+from avatar_render.job.setup import request_input
 from avatar_render.config import load_config
 from avatar_render.face.landmarks import find_model
 from avatar_render.io.audio import AudioReader
