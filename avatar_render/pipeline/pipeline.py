@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator, Protocol, get_type_hints
 
 import numpy as np
 
+from avatar_render.pipeline.chain import run_stage
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.schedule import ChunkPlan, iter_schedule
 from avatar_render.pipeline.stage import Stage, check_chain
@@ -151,8 +152,7 @@ class Pipeline:
                 state, segment = state.pop_ready()
                 if segment is None:
                     break
-                with clock(self.decode.name):
-                    frames, decode_carry = self.decode.run(segment, static=static, carry=state.decode_carry)
+                frames, decode_carry = run_stage(self.decode, segment, static=static, carry=state.decode_carry, clock=clock)
                 state = replace(state, decode_carry=decode_carry)
                 with clock("audio"):
                     out_audio = audio.output_audio(segment.start, segment.end)
