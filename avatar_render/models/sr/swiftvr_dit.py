@@ -40,7 +40,7 @@ class SwiftDiTConfig:
         text_dim=4096, freq_dim=256, ffn_dim=14336, num_layers=30, cross_attn_norm=True,
         qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None, rope_max_seq_len=1024))
     window: tuple[int, int] = (16, 16)  # tokens; (0, 0) = full attention
-    prompt_tokens: int = 512  # length of the empty-prompt embedding
+    prompt_tokens: int = 512  # length of the empty-prompt embedding (random weights; a loaded one has its own)
 
     @classmethod
     def tiny(cls) -> SwiftDiTConfig:
@@ -56,7 +56,7 @@ class SwiftDiTConfig:
         known = set(base.model)
         model = {**base.model, **{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items() if k in known}}
         window = tuple(cfg.get("self_attn_window_hw", base.window)) if cfg.get("enable_swa", True) else (0, 0)
-        return dataclasses.replace(base, model=model, window=window)
+        return dataclasses.replace(base, model=model, window=window, prompt_tokens=0)  # (the file says)
 
     @property
     def channels(self) -> int:
