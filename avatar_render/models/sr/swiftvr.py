@@ -112,6 +112,8 @@ class SwiftDiTModule(TorchModule):
 
         load_checkpoint(net, self.transformer_files()[1:], convert, what=self.what,
                         dtype=lambda name: torch.float32 if fp32_island(name) else self.dtype)
+        rope = net.transformer.rope  # its tables are no checkpoint tensors: made again off the meta device
+        net.transformer.rope = type(rope)(rope.attention_head_dim, rope.patch_size, rope.max_seq_len)
         self.prompt = self._read_prompt(self.root / PROMPT_FILE)
 
     def _read_prompt(self, path: Path) -> torch.Tensor:
