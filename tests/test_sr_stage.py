@@ -219,3 +219,20 @@ def test_colour_is_matched_to_the_low_res_frame(guarded):
     before = (tinted.mean((2, 3)) - up.mean((2, 3))).abs().max()
     after = (result.frames.mean((2, 3)) - up.mean((2, 3))).abs().max()
     assert before > 0.1 and after < 0.02
+
+
+def test_doctor_lists_the_sr_files_and_says_which_path_is_unset(tmp_path):
+    from avatar_render.doctor import diagnose
+
+    write_swiftvr(tmp_path / "SwiftVR")
+    (tmp_path / "base").mkdir()
+    checks = diagnose(sr_config(f"model.root={tmp_path / 'base'}", f"model.sr_root={tmp_path / 'SwiftVR'}"))
+    rows = {(c.name, c.detail.split(": ", 1)[1]) for c in checks if c.group == "model files" and c.name.startswith("sr_")}
+    assert rows == {("sr_reae", str(tmp_path / "SwiftVR" / "reae.safetensors")),
+                    ("sr_dit", str(tmp_path / "SwiftVR" / "transformer" / "config.json")),
+                    ("sr_dit", str(tmp_path / "SwiftVR" / "transformer" / "diffusion_pytorch_model.safetensors")),
+                    ("sr_dit", str(tmp_path / "SwiftVR" / "prompt_embedding.safetensors"))}
+    assert all(c.ok for c in checks if c.name.startswith("sr_"))
+    unset = diagnose(sr_config(f"model.root={tmp_path / 'base'}", "model.sr=vae2x"))
+    (row,) = [c for c in unset if c.name == "sr"]
+    assert not row.ok and "set model.vae2x" in row.detail
