@@ -34,6 +34,7 @@ from avatar_render.distributed.launch import session  # noqa: E402
 from avatar_render.infinitetalk.components import resolve_device  # noqa: E402
 from avatar_render.io.audio import AudioReader  # noqa: E402
 from avatar_render.io.reference import load_reference  # noqa: E402
+from avatar_render.pipeline.chain import StageChain  # noqa: E402
 from avatar_render.telemetry import peak_rss_mb  # noqa: E402
 
 
@@ -129,8 +130,9 @@ def main() -> None:
         reference = load_reference(a.ref)
         with AudioReader(a.audio, fps=cfg.fps, model_rate=pipeline.audio_rate) as audio:
             static = pipeline.prepare(request_input(cfg, reference, a.ref))
-            timed = dataclasses.replace(pipeline, generate=tuple(Timed(s, tl) for s in pipeline.generate),
-                                        decode=Timed(pipeline.decode, tl))
+            decode = pipeline.decode  # a chain (decode, then SR) is timed stage by stage
+            decode = StageChain(tuple(Timed(s, tl) for s in decode.stages)) if isinstance(decode, StageChain) else Timed(decode, tl)
+            timed = dataclasses.replace(pipeline, generate=tuple(Timed(s, tl) for s in pipeline.generate), decode=decode)
             cuda = device.type == "cuda"
             if cuda:  # the chunk loop's own peak (the init stage's encoders are gone by now)
                 torch.cuda.reset_peak_memory_stats(device)

@@ -236,3 +236,15 @@ def test_doctor_lists_the_sr_files_and_says_which_path_is_unset(tmp_path):
     unset = diagnose(sr_config(f"model.root={tmp_path / 'base'}", "model.sr=vae2x"))
     (row,) = [c for c in unset if c.name == "sr"]
     assert not row.ok and "set model.vae2x" in row.detail
+
+
+def test_sr_dit_streamed_from_host_memory_gives_the_resident_frames(tmp_path, face_png):
+    audio = write_audio(tmp_path / "a.wav", speech_like(1.0, 16000, seed=4), 16000)
+    frames = {}
+    for mode in ("resident", "offloaded"):
+        cfg = sr_config(f"dist.offload.sr={mode}")
+        pipe = build_pipeline(cfg)
+        frames[mode] = [p.frames for p in chunk_loop(cfg, pipe, face_png, audio)() if isinstance(p, Published)]
+        dit = pipe.decode.stages[-1].stream.dit
+        assert (dit.streamer is not None) == (mode == "offloaded")
+    assert len(frames["resident"]) == 2 and all(np.array_equal(a, b) for a, b in zip(frames["resident"], frames["offloaded"]))

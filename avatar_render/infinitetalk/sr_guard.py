@@ -137,7 +137,9 @@ class FaceGuard:
 
 
 def lowpass(x: torch.Tensor, k: int) -> torch.Tensor:
-    """A k x k box filter applied twice (a triangle filter), edges averaged over what exists. [N, C, H, W]."""
+    """A k x k box filter applied twice (a triangle filter), edges averaged over what exists. [N, C, H, W].
+    Each box is a row pass and a column pass (2k additions a pixel, not k^2)."""
     for _ in range(2):
-        x = F.avg_pool2d(x, k, stride=1, padding=k // 2, count_include_pad=False)
+        for kernel, pad in (((k, 1), (k // 2, 0)), ((1, k), (0, k // 2))):
+            x = F.avg_pool2d(x, kernel, stride=1, padding=pad, count_include_pad=False)
     return x
