@@ -202,7 +202,8 @@ def test_a_chunk_whose_face_drifts_falls_back_to_the_fidelity_path(guarded):
     for drop, falls in ((0.05, True), (2.0, False)):
         guard = FaceGuard(reference=static.reference, layout=static.layout, cover=cover,
                           settings=GuardSettings(mouth=0.0, colour=0.0, identity_drop=drop))
-        result, _ = guard.apply(noise, fidelity, fidelity, lowres_u8.numpy(), TrackState())
+        shifts, _ = guard.track(lowres_u8.numpy(), TrackState())
+        result = guard.apply(noise, fidelity, fidelity, shifts)
         assert result.fell_back is falls and result.similarity < result.fidelity_similarity - 0.1
         assert torch.equal(result.frames, fidelity if falls else noise)
 
@@ -215,7 +216,7 @@ def test_colour_is_matched_to_the_low_res_frame(guarded):
     tinted = (up * 0.6 + torch.tensor([0.3, 0.0, 0.1]).view(1, 3, 1, 1)).clamp(0, 1)  # a colour cast on the SR
     guard = FaceGuard(reference=static.reference, layout=static.layout, cover=cover,
                       settings=GuardSettings(mouth=0.0, colour=1.0, identity_drop=2.0))
-    result, _ = guard.apply(tinted, up, up, unit_to_uint8(lowres).numpy(), TrackState())
+    result = guard.apply(tinted, up, up, guard.track(unit_to_uint8(lowres).numpy(), TrackState())[0])
     before = (tinted.mean((2, 3)) - up.mean((2, 3))).abs().max()
     after = (result.frames.mean((2, 3)) - up.mean((2, 3))).abs().max()
     assert before > 0.1 and after < 0.02
@@ -248,3 +249,25 @@ def test_sr_dit_streamed_from_host_memory_gives_the_resident_frames(tmp_path, fa
         dit = pipe.decode.stages[-1].stream.dit
         assert (dit.streamer is not None) == (mode == "offloaded")
     assert len(frames["resident"]) == 2 and all(np.array_equal(a, b) for a, b in zip(frames["resident"], frames["offloaded"]))
+
+
+def test_two_processes_render_the_single_process_sr_frames(tmp_path):
+    """Under torchrun (gloo) the SR DiT is sharded (FSDP2) and every process restores the same frames;
+    process 0 alone writes them."""
+    from tests.test_dist import TORCHRUN, env, hashes, render_args, torchrun
+
+    if not Path(TORCHRUN).exists():
+        pytest.skip("torchrun is not installed")
+    audio = write_audio(tmp_path / "s.wav", speech_like(1.0, 16000), 16000)
+    sr = ("model.steps=1", "model.sr=swiftvr", "video.width=128", "video.height=128", "model.gen_width=64", "model.gen_height=64")
+    import subprocess
+    import sys
+
+    one = subprocess.run([sys.executable, *render_args(tmp_path, audio, "one", *sr)], cwd=ROOT, env=env(),
+                         capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = torchrun(2, render_args(tmp_path, audio, "two", *sr), timeout=240)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert hashes(tmp_path / "two.json") == hashes(tmp_path / "one.json")
+    assert video_info(tmp_path / "two.mp4")[1:] == (128, 128)
+    assert "every process decodes whole frames" in two.stdout + two.stderr

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
@@ -30,6 +31,9 @@ from avatar_render.models.sr.swiftvr_stream import SwiftState, SwiftVRStream
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import Frames
+
+
+_TRACKING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sr-face-track")
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,8 @@ class SRStage(Stage[Decoded, Frames]):
         if self.stream is None:
             return self._frames(x.start, upscale(lowres, cover)), carry
         lowres_u8 = unit_to_uint8(lowres)  # the model reads 8-bit frames, as from a video file
+        face = FaceGuard(reference=static.reference, layout=static.layout, cover=cover, settings=self.guard)
+        tracked = _TRACKING.submit(face.track, lowres_u8.cpu().numpy(), carry.track)  # on the host, while the SR runs
         sr, model = self.stream.step(lowres_u8, carry.model)
         lowres_up = upscale(lowres_u8.permute(0, 3, 1, 2).float() / 255, cover)
         if x.fidelity is not None:
@@ -94,8 +100,8 @@ class SRStage(Stage[Decoded, Frames]):
             fidelity = upscale(f, Cover(src=(f.shape[-1], f.shape[-2]), dst=self.size))
         else:
             fidelity = lowres_up
-        face = FaceGuard(reference=static.reference, layout=static.layout, cover=cover, settings=self.guard)
-        result, track = face.apply(sr.to(fidelity), fidelity, lowres_up, lowres_u8.cpu().numpy(), carry.track)
+        shifts, track = tracked.result()
+        result = face.apply(sr.to(fidelity), fidelity, lowres_up, shifts)
         log.info("sr: frames [%d, %d): face similarity %.3f (fidelity path %.3f)%s", x.start, x.end, result.similarity,
                  result.fidelity_similarity, "; published from the fidelity path" if result.fell_back else "")
         if result.fell_back:

@@ -117,12 +117,10 @@ class FaceGuard:
             values.append(float(face_descriptor(cv2.cvtColor(crop, cv2.COLOR_RGB2GRAY).astype(np.float32)) @ self.reference))
         return float(np.mean(values)) if values else float("nan")
 
-    def apply(self, sr: torch.Tensor, fidelity: torch.Tensor, lowres_up: torch.Tensor, lowres: np.ndarray,
-              state: TrackState) -> tuple[GuardResult, TrackState]:
+    def apply(self, sr: torch.Tensor, fidelity: torch.Tensor, lowres_up: torch.Tensor, shifts: np.ndarray) -> GuardResult:
         """sr, fidelity, lowres_up: [T, 3, H, W] in [0, 1] (the SR output, the fidelity path, the low-res
-        frames upscaled); lowres: (T, h, w, 3) uint8 on the host."""
+        frames upscaled); shifts: (T, 2) the face's, from ``track``."""
         s = self.settings
-        shifts, state = self.track(lowres, state)
         out = sr
         if s.colour > 0:
             k = 2 * max(1, round(2 * self.cover.scale)) + 1
@@ -133,7 +131,7 @@ class FaceGuard:
         sim, fid_sim = self.similarity(out, shifts), self.similarity(fidelity, shifts)
         fell_back = bool(sim < fid_sim - s.identity_drop)  # (NaN, no face crop: no decision, no fallback)
         return GuardResult(frames=fidelity if fell_back else out, similarity=sim, fidelity_similarity=fid_sim,
-                           fell_back=fell_back), state
+                           fell_back=fell_back)
 
 
 def lowpass(x: torch.Tensor, k: int) -> torch.Tensor:
