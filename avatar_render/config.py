@@ -260,7 +260,8 @@ def validate(cfg: Config) -> None:
         (0 <= cfg.model.colour_guard <= 1, "model.colour_guard", "must be between 0 and 1"),
         (cfg.dist.sp >= 1, "dist.sp", "must be at least 1"),
         (cfg.dist.prefetch_blocks >= 0, "dist.prefetch_blocks", "must not be negative"),
-        (set(cfg.dist.offload) <= {"dit", "sr"}, "dist.offload", "may only name dit and sr for now (the other modules are offloaded by their stages)"),
+        (set(cfg.dist.offload) <= {"dit", "sr"}, "dist.offload",
+         "may only name dit and sr for now (the other modules are offloaded by their stages)"),
         (set(cfg.dist.offload.values()) <= {"resident", "offloaded"}, "dist.offload", "values must be resident or offloaded"),
     ]
     for ok, key, why in checks:

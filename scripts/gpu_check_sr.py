@@ -134,9 +134,10 @@ def run_sr(*, out_json: str | None = None) -> list[SRRow]:
                     streamed_chunk_s=streamed_s, streamed_peak_gib=streamed_peak, vae2x_chunk_s=vae2x_s,
                     vae2x_fps=CHUNK / vae2x_s)
         rows.append(row)
-        print(f"SR {row.generated} -> {row.output}: SwiftVR chunk {chunk_s:.3f} s (encode {enc_s:.3f}, DiT {dit_s:.3f}, "
-              f"decode {dec_s:.3f}) = {row.swiftvr_fps:.1f} fps ({row.swiftvr_fps / 25:.2f}x real time), peak {sr_peak:.1f} GiB | "
-              f"tracking {track_s:.3f} s (beside the SR), guard {guard_s:.3f} s | DiT streamed: chunk {streamed_s:.3f} s, peak {streamed_peak:.1f} GiB | "
+        print(f"SR {row.generated} -> {row.output}: SwiftVR chunk {chunk_s:.3f} s (encode {enc_s:.3f}, "
+              f"DiT {dit_s:.3f}, decode {dec_s:.3f}) = {row.swiftvr_fps:.1f} fps ({row.swiftvr_fps / 25:.2f}x real time), "
+              f"peak {sr_peak:.1f} GiB | tracking {track_s:.3f} s (beside the SR), guard {guard_s:.3f} s | "
+              f"DiT streamed: chunk {streamed_s:.3f} s, peak {streamed_peak:.1f} GiB | "
               f"2x decode {vae2x_s:.3f} s = {row.vae2x_fps:.1f} fps")
     if out_json:
         import json

@@ -318,7 +318,8 @@ class StreamingDecoder:
         if f == 0 or rows == 0:  # nothing to decode (an empty strip: more processes than latent rows)
             s, n = self.vae.config.spatial_factor, self.vae.config.temporal_factor
             t = 0 if f == 0 else n * f - (n - 1) * (cache.steps == 0)
-            return torch.zeros(b, self.vae.config.out_channels, t, rows * s, w * s, device=mean.device), CausalCache(feats=cache.feats, steps=cache.steps + f)
+            empty = torch.zeros(b, self.vae.config.out_channels, t, rows * s, w * s, device=mean.device)
+            return empty, CausalCache(feats=cache.feats, steps=cache.steps + f)
         z = (latents.to(mean.device, torch.float32) * std + mean).to(self.vae.dtype)
         x = net.post_quant_conv(z)  # 1x1x1: no temporal state
         feats = list(cache.feats)

@@ -135,7 +135,8 @@ def load_checkpoint(
                 loaded.update(aliases.get(name, [name]))
     for name in optional:
         if name in expected and name not in loaded:
-            _assign(net, aliases.get(name, [name]), torch.zeros(expected[name].shape, dtype=dtype(name) if callable(dtype) else dtype))
+            zeros = torch.zeros(expected[name].shape, dtype=dtype(name) if callable(dtype) else dtype)
+            _assign(net, aliases.get(name, [name]), zeros)
             loaded.add(name)
     missing = [n for n in expected if n not in loaded]
     if missing:
