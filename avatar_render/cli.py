@@ -95,7 +95,8 @@ def render(
     debug: DebugOpt = False,
 ) -> None:
     """Render a talking-avatar MP4, written while it is generated. Ctrl-C (or SIGTERM) stops after the
-    current chunk and keeps what was written for --resume; a second Ctrl-C stops at once."""
+    next keyframe (every video.gop_seconds) and keeps what was written for --resume; a second Ctrl-C
+    stops at once."""
     from avatar_render.distributed.launch import is_writer_process
 
     out = Out(quiet=quiet or not is_writer_process())  # under torchrun only process 0 reports progress
@@ -103,12 +104,13 @@ def render(
     def run() -> None:
         from avatar_render.api import RenderRequest
         from avatar_render.api import render as render_video
-        from avatar_render.stop import RenderStopped, StopNow, StopSignals
+        from avatar_render.job.stop import RenderStopped, StopNow, StopSignals
 
         cfg = _load_config(out, config, overrides, seed=seed)
-        request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report, resume=resume)
+        request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report,
+                                resume=resume, config_file=config)
         on_message = lambda level, text: out.warn(text) if level == "warning" else out.info(text)  # noqa: E731
-        stopping = StopSignals(on_first=lambda _: out.warn("stopping after the current chunk; press Ctrl-C again to stop at once."))
+        stopping = StopSignals(on_first=lambda _: out.warn("stopping at the next keyframe; press Ctrl-C again to stop at once."))
         try:
             with stopping, _progress(out) as on_progress:
                 result = render_video(request, on_progress=on_progress, on_message=on_message, should_stop=stopping)
@@ -167,6 +169,61 @@ class _progress:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.__exit__(*exc)
+
+
+@app.command()
+def batch(
+    source: Annotated[Path, typer.Argument(
+        help="A folder (references and audio paired by name) or a .csv/.jsonl manifest.", show_default=False)],
+    out_dir: Annotated[Path, typer.Option(
+        "--out", help="Folder for the videos, the summary (JSON and HTML) and the ledger.")],
+    overrides: OverridesArg = None,
+    config: ConfigOpt = None,
+    ref: Annotated[Optional[Path], typer.Option(
+        "--ref", help="One reference for every audio file of the folder.")] = None,
+    jobs: Annotated[Optional[int], typer.Option(
+        "--jobs", "-j", min=1, help="Jobs side by side (default: CPU cores for preview, else GPUs).")] = None,
+    procs_per_job: Annotated[int, typer.Option(
+        "--procs-per-job", min=1, help="Processes (GPUs) per job, under torchrun when more than 1.")] = 1,
+    shard: Annotated[Optional[str], typer.Option(
+        "--shard", help="Take part I of N (0 <= I < N); default: the Slurm array task's part.")] = None,
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="Run the jobs as Ray tasks (pip install -e '.\\[ray]') on the cluster of RAY_ADDRESS or "
+                      "of 'ray start' here, or on a new local one.")] = False,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", metavar="HOST:PORT", help="The Ray cluster to run on (implies --ray).")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Render every job again, replacing outputs and discarding partial renders.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress view.")] = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Render many jobs: skips finished ones, resumes interrupted ones, goes on past failures and ends with a
+    table, OUT/batch-summary.json and .html. Exit code 1 if a job failed; Ctrl-C stops after the running
+    jobs' current chunks."""
+    out = Out(quiet=quiet)
+
+    def run() -> None:
+        from avatar_render.batch import BatchRequest, run_batch
+        from avatar_render.batch.library import StopSignals
+        from avatar_render.batch.shard import parse_shard
+        from avatar_render.batch.view import BatchView, outcome_table
+
+        _load_config(out, config, overrides)  # its warnings, once
+        request = BatchRequest(source=source, out=out_dir, config=config, overrides=tuple(overrides or ()), ref=ref,
+                               jobs=jobs, procs_per_job=procs_per_job, shard=parse_shard(shard) if shard else None,
+                               force=force, ray=ray, ray_address=ray_address)
+        stopping = StopSignals()
+        with stopping, BatchView(out.console, warn=out.warn, info=out.info, live=not quiet) as view:
+            result = run_batch(request, on_event=view.on_event, should_stop=stopping)
+        out.table(outcome_table(result.outcomes))
+        out.info(f"Wrote {result.summary_json} and {result.summary_html}")
+        if stopping():
+            raise typer.Exit(stopping.exit_code)
+        if result.failed:
+            out.error(f"{result.failed} of {len(result.outcomes)} jobs failed.")
+            raise typer.Exit(1)
+
+    _guard(out, debug, run)
 
 
 @app.command()

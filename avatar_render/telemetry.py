@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from avatar_render.files import replace_atomically
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -101,11 +103,11 @@ class Telemetry:
 
 def write_report(path: Path, summary: dict, records: Iterator[dict]) -> None:
     """Write the JSON report without holding every chunk record in memory at once."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    def write(f) -> None:
         body = json.dumps(summary, indent=2)
-        f.write(body[:-2] + ',\n  "chunks": [')
+        f.write((body[:-2] + ',\n  "chunks": [').encode())
         for i, rec in enumerate(records):
-            f.write(("," if i else "") + "\n    " + json.dumps(rec))
-        f.write("\n  ]\n}\n")
-    os.replace(tmp, path)
+            f.write((("," if i else "") + "\n    " + json.dumps(rec)).encode())
+        f.write(b"\n  ]\n}\n")
+
+    replace_atomically(Path(path), write)

@@ -28,12 +28,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from avatar_render.api import build_pipeline, request_input  # noqa: E402
 from avatar_render.config import load_config  # noqa: E402
 from avatar_render.distributed.launch import session  # noqa: E402
 from avatar_render.infinitetalk.components import resolve_device  # noqa: E402
-from avatar_render.io.audio import AudioReader  # noqa: E402
-from avatar_render.io.reference import load_reference  # noqa: E402
+from avatar_render.job.setup import prepared  # noqa: E402
 from avatar_render.pipeline.chain import StageChain  # noqa: E402
 from avatar_render.telemetry import peak_rss_mb  # noqa: E402
 
@@ -123,13 +121,14 @@ def main() -> None:
     a = ap.parse_args()
     cfg = load_config(a.config, tuple(a.overrides))
     with session(sp=cfg.dist.sp, device=cfg.model.device) as mesh:
-        pipeline = build_pipeline(cfg)
         # One process computes on model.device (a GPU when there is one); under torchrun on its mesh device.
-        device = mesh.device if mesh.distributed or cfg.backend != "infinitetalk" else resolve_device(cfg.model.device)
+        if mesh.distributed:
+            device = mesh.device
+        else:
+            device = resolve_device(cfg.model.device) if cfg.backend == "infinitetalk" else torch.device("cpu")
         tl = Timeline(device)
-        reference = load_reference(a.ref)
-        with AudioReader(a.audio, fps=cfg.fps, model_rate=pipeline.audio_rate) as audio:
-            static = pipeline.prepare(request_input(cfg, reference, a.ref))
+        with prepared(cfg, a.ref, a.audio, mesh) as job:  # the set-up of a render
+            pipeline, static, audio = job.pipeline, job.static, job.audio
             decode = pipeline.decode  # a chain (decode, then SR) is timed stage by stage
             decode = StageChain(tuple(Timed(s, tl) for s in decode.stages)) if isinstance(decode, StageChain) else Timed(decode, tl)
             timed = dataclasses.replace(pipeline, generate=tuple(Timed(s, tl) for s in pipeline.generate), decode=decode)

@@ -8,12 +8,8 @@ import torch
 from safetensors.torch import save_file
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.models.checkpoints import (
-    INDEX_NAME,
-    diffusers_to_native,
-    load_dit,
-    native_to_diffusers,
-)
+from avatar_render.models.checkpoints import INDEX_NAME, load_dit
+from avatar_render.models.dit_names import diffusers_to_native, native_to_diffusers
 from avatar_render.models.dit import DiTConfig, build_dit, materialize_random
 from avatar_render.models.lora import merge_lora
 

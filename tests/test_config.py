@@ -26,3 +26,12 @@ def test_bad_keys_are_named(override, key):
 
 def test_ntsc_rate_is_exact():
     assert str(load_config(None, ("preview.fps=29.97",)).fps) == "30000/1001"
+
+
+def test_moved_face_box_key_still_works_with_a_warning():
+    from avatar_render.config import ConfigWarning
+
+    with pytest.warns(ConfigWarning, match="face.box"):
+        cfg = load_config(None, ("preview.face_box=[10,20,30,40]",))
+    assert cfg.face.box == [10, 20, 30, 40] and cfg.preview.face_box is None
+    assert load_config(None, ("face.box=[10,20,30,40]",)) == cfg

@@ -113,12 +113,13 @@ def test_every_module_ends_on_its_device(weights, model_folder):
 
 
 def test_encoders_that_run_once_are_freed_after_init_and_load_again(face_png):
-    from avatar_render.api import build_pipeline
+    from avatar_render.distributed.mesh import single
+    from avatar_render.job.setup import build_pipeline
     from avatar_render.io.reference import load_reference
     from avatar_render.pipeline.module import Placement
     from avatar_render.pipeline.types import RequestInput
 
-    pipe = build_pipeline(tiny_config())
+    pipe = build_pipeline(tiny_config(), single())
     request = RequestInput(reference=load_reference(face_png), reference_path=face_png, width=64, height=64, seed=0)
     first = pipe.prepare(request)
     init = pipe.init

@@ -8,8 +8,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from avatar_render.errors import AvatarRenderError
 from avatar_render.pipeline.module import Module
-from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
+from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline, StageFailed
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment
 
@@ -177,3 +178,19 @@ def test_prepare_loads_each_module_then_puts_it_on_its_device():
                     fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04)
     assert pipe.prepare(None) == Static(7)
     assert calls == ["load text", "prefetch text", "load vae", "prefetch vae", "init", "load dit", "prefetch dit"]
+
+
+@pytest.mark.parametrize("error,kind", [(ValueError("bad shape"), StageFailed), (AvatarRenderError("Out of disk."), AvatarRenderError)])
+def test_a_failing_stage_is_named_with_its_chunk(error, kind):
+    class Failing(Decode):
+        def run(self, x, *, static, carry):
+            if x.start >= 20:
+                raise error
+            return super().run(x, static=static, carry=carry)
+
+    pipe = Pipeline(init=Init(), generate=(Gen(),), decode=Failing(), sizes=ChunkSizes(10, 2, 4),
+                    fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04)
+    with pytest.raises(kind) as raised:
+        list(pipe.stream(Static(1), FakeAudio(95), seed=0))
+    assert "stage decode" in str(raised.value) and "chunk I1" in str(raised.value), str(raised.value)  # I1 publishes frames 18-22
+    assert str(error).rstrip(".") in str(raised.value)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from avatar_render.api import RenderRequest, partial_path, render
+from avatar_render.api import RenderRequest, render
+from avatar_render.job.output import partial_path
 from avatar_render.config import load_config
 from tests.media import speech_like, write_audio
 

@@ -9,9 +9,9 @@ import signal
 
 import pytest
 
-from avatar_render.api import partial_path
-from avatar_render.journal import journal_path
-from avatar_render.stop import RenderStopped, StopNow, StopSignals
+from avatar_render.job.output import partial_path
+from avatar_render.job.journal import journal_path
+from avatar_render.job.stop import RenderStopped, StopNow, StopSignals
 from tests.test_resume import api_render, assert_same_as_reference, cli, decode, driver, render_args, work  # noqa: F401
 
 DELAY = 0.02  # seconds per decode call, so that the signal lands while the render runs
@@ -42,8 +42,8 @@ def test_first_signal_finishes_the_chunk_and_keeps_a_resumable_file(work, face_p
     frames = plan_end(d / "ref.json", 6)
     partial = partial_path(d / f"{name}.mp4")
     assert stderr_lines(done) == [
-        "Warning: stopping after the current chunk; press Ctrl-C again to stop at once.",
-        f"Warning: Stopped after the current chunk: '{partial.name}' holds the first {frames} frames ({frames / 25:.1f} s); "
+        "Warning: stopping at the next keyframe; press Ctrl-C again to stop at once.",
+        f"Warning: Stopped at a keyframe: '{partial.name}' holds the first {frames} frames ({frames / 25:.1f} s); "
         "run the same command with --resume to continue.",
     ]
     assert committed_frames(d, f"{name}.mp4") == frames

@@ -15,7 +15,9 @@ from typing import Optional
 import torch
 
 from avatar_render.distributed.mesh import Mesh
-from avatar_render.models.sampler import Evaluate, serial
+
+# How a step's guidance passes are evaluated: (pass names, run one pass) -> flow per pass (models.sampler).
+Evaluate = Callable[[Sequence[str], Callable[[str], torch.Tensor]], dict[str, torch.Tensor]]
 
 
 def my_passes(num_passes: int, replicas: int, index: int) -> list[int]:
@@ -43,8 +45,8 @@ def spare_replicas(mesh: Mesh, num_passes: int, heads: int) -> Optional[str]:
             f"{replicas - num_passes} of them only repeat work{hint}.")
 
 
-def split_passes(mesh: Mesh) -> Evaluate:
-    """The evaluation of a step's passes for this process (serial when there is one replica)."""
+def split_passes(mesh: Mesh, serial: Evaluate) -> Evaluate:
+    """The evaluation of a step's passes for this process (``serial`` when there is one replica)."""
     if not mesh.distributed or mesh.size("rep") == 1:
         return serial
     import torch.distributed as dist

@@ -10,35 +10,28 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import functools
 import hashlib
 import json
 import os
-import shutil
 import sys
 import threading
 import time
 from contextlib import contextmanager
 from datetime import timedelta
-from functools import partial as bind
-from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
-from typing import TYPE_CHECKING
-
-from avatar_render.distributed.mesh import Launch, Mesh, build_mesh, pick_device, set_current, single
+from avatar_render.distributed.mesh import Launch, Mesh, build_mesh, pick_device, single
 from avatar_render.distributed.numa import Affinity, describe, gpu_bus_id, pin_near
+from avatar_render.errors import AvatarRenderError
 
 if TYPE_CHECKING:
     import torch.distributed as dist
-from avatar_render.errors import AvatarRenderError
 
 ABORT_KEY = "avatar_render/abort"
 POLL_S = 0.1  # how often each process looks for a peer's failure
 REPORT_WAIT_S = 5.0  # the longest a process waits for the failing one to report before it exits
 EXIT_GRACE_S = 2.0
 PEER_EXIT = 1  # exit status of a process ended because another one failed
-TEST_FAIL_ENV = "AVATAR_RENDER_TEST_FAIL_RANK"  # tests only: raise on this rank while loading the DiT
 
 
 def _store(launch: Launch, *, master: bool) -> "dist.TCPStore":
@@ -135,15 +128,17 @@ CONTROL_TIMEOUT = timedelta(hours=2)
 
 
 @contextmanager
-def session(*, sp: int = 1, device: str = "auto", on_abort: Optional[Callable[[], None]] = None) -> Iterator[Mesh]:
-    """Join the process group of this launch and yield its mesh (a no-op in a single process).
-    ``device`` is the models' device setting (``model.device``). ``on_abort`` runs (best effort) when
-    another process's failure ends this one.
+def session(launch: Optional[Launch] = None, *, sp: int = 1, device: str = "auto",
+            on_abort: Optional[Callable[[], None]] = None) -> Iterator[Mesh]:
+    """Join the process group of this launch (``Launch.from_env()`` by default) and yield its mesh,
+    the one object that says which process this is and what it shares with the others (``single()``,
+    without touching torch, in a process that runs alone). ``device`` is the models' device setting
+    (``model.device``). ``on_abort`` runs (best effort) when another process's failure ends this one.
 
     Besides the default group (NCCL on GPUs), the mesh has a gloo group of all processes, ``control``,
     for what the host decides and shares (seed and config, resume point, report): waiting there while
     process 0 finishes the file occupies no GPU and no NCCL watchdog."""
-    launch = Launch.from_env()
+    launch = launch or Launch.from_env()
     if launch.world == 1:
         yield single()
         return
@@ -163,7 +158,6 @@ def session(*, sp: int = 1, device: str = "auto", on_abort: Optional[Callable[[]
         dist.all_gather_object(everyone, pinned, group=control)
         mesh = build_mesh(launch, sp=sp, device=where, backend=backend, affinity=describe(everyone))
         mesh = dataclasses.replace(mesh, control=control)
-        set_current(mesh)
         yield mesh
         dist.barrier(group=control)
     except BaseException as exc:
@@ -179,13 +173,11 @@ def session(*, sp: int = 1, device: str = "auto", on_abort: Optional[Callable[[]
         if isinstance(exc, AvatarRenderError):
             raise AvatarRenderError(f"{str(exc).rstrip('.')} (process {launch.rank} of {launch.world}).") from None
         raise
-    finally:
-        set_current(None)
     watch.stop()
     dist.destroy_process_group()
 
 
-def fingerprint(value: object) -> str:
+def digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -195,7 +187,7 @@ def agree(mesh: Mesh, what: str, value: object) -> None:
         return
     import torch.distributed as dist
 
-    mine = fingerprint(value)
+    mine = digest(value)
     seen: list = [None] * mesh.world
     dist.all_gather_object(seen, mine, group=mesh.control)
     if len(set(seen)) > 1:
@@ -212,61 +204,6 @@ def broadcast(mesh: Mesh, value: object) -> object:
     box = [value]
     dist.broadcast_object_list(box, src=0, group=mesh.control)
     return box[0]
-
-
-def share_resume_point(checkpoint: object) -> object:
-    """The writer's resume checkpoint (or None) on every process of this launch: the others run
-    their chunk loop from the same point. Every process calls it once, after ``prepare``."""
-    if Launch.from_env().world == 1:  # (and no torch needed: the preview backend runs without it)
-        return checkpoint
-    from avatar_render.distributed.mesh import current
-
-    return broadcast(current(), checkpoint)
-
-
-def injected_failure(mesh: Mesh) -> None:
-    """Tests only: fail on the rank named by the test environment variable."""
-    if mesh.distributed and os.environ.get(TEST_FAIL_ENV) == str(mesh.rank):
-        raise AvatarRenderError("Injected failure for testing")
-
-
-def distributed(render: Callable) -> Callable:
-    """Wrap the library's ``render(request, ...)``: under torchrun, process 0 renders and writes,
-    the others run the same chunk loop without writing; all return process 0's report."""
-
-    @functools.wraps(render)
-    def wrapper(request, **kw):
-        if Launch.from_env().world == 1:
-            return render(request, **kw)
-        from avatar_render.distributed.follow import follow
-
-        cfg = request.config
-        writer = Launch.from_env().rank == 0
-        with session(sp=cfg.dist.sp, device=cfg.model.device, on_abort=bind(forget_empty_render, Path(request.output)) if writer else None) as mesh:
-            agree(mesh, "seed and config", {"seed": cfg.seed, "config": repr(cfg)})
-            if mesh.is_writer and kw.get("on_message") is not None:
-                kw["on_message"]("info", mesh.affinity)
-            if mesh.is_writer:
-                report = render(request, **kw)
-            else:
-                report = None
-                follow(request)
-            return broadcast(mesh, report)
-
-    return wrapper
-
-
-def forget_empty_render(output: Path) -> None:
-    """Remove the partial file and journal of a render that committed no frame (those that did are
-    kept for a resume, as after any crash)."""
-    from avatar_render.api import partial_path
-    from avatar_render.journal import Journal, journal_path
-
-    folder = journal_path(output)
-    commit = Journal(folder, lock_fd=-1).commit_info if folder.is_dir() else None  # read only, no lock
-    if commit is None or not commit.frames:
-        partial_path(output).unlink(missing_ok=True)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def is_writer_process() -> bool:

@@ -6,9 +6,9 @@ Axes (``Mesh.axis(name)``):
 * ``rep``: the ``world / sp`` replicas of an sp group; CFG parallelism gives them different guidance
   passes of each sampling step (``dist.cfg_parallel``).
 
-Nobody else reads ranks from the environment: ``current()`` is the mesh of this process, a
-single-process mesh (no process group) unless ``launch.session`` built a distributed one. Importing
-this module does not import torch (the preview backend runs without it).
+Nobody else reads ranks from the environment: ``launch.session`` builds the mesh of this process once
+(``single()`` when it runs alone: no process group, no torch) and the caller passes it to whatever needs
+it. Importing this module does not import torch (the preview backend runs without it).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Launch:
 class Mesh:
     rank: int
     world: int
-    device: "torch.device"  # where this process computes
+    device: Optional["torch.device"]  # where this process computes; None when it runs alone (the models' setting decides)
     backend: str  # "gloo" | "nccl" | "none"
     sp: int = 1
     affinity: str = ""  # one log line: where each process's CPU affinity was set (dist.numa)
@@ -93,23 +93,9 @@ class Mesh:
         return self.axis(name).get_group()
 
 
-_current: Optional[Mesh] = None
-
-
 def single() -> Mesh:
     """The mesh of a process that runs alone: no process group, no axes."""
-    import torch
-
-    return Mesh(rank=0, world=1, device=torch.device("cpu"), backend="none")
-
-
-def current() -> Mesh:
-    return _current if _current is not None else single()
-
-
-def set_current(mesh: Optional[Mesh]) -> None:
-    global _current
-    _current = mesh
+    return Mesh(rank=0, world=1, device=None, backend="none")
 
 
 def require_cuda(want: str) -> None:

@@ -61,9 +61,6 @@ def dit_plan(dist_cfg: DistConfig, mesh: Mesh) -> Optional[DiTPlan]:
     offload = dist_cfg.offload.get("dit") == "offloaded"
 
     def apply(net: nn.Module) -> None:
-        from avatar_render.distributed.launch import injected_failure
-
-        injected_failure(mesh)
         if mesh.sp > 1:
             apply_sequence_parallel(net, net.sp_plan, mesh.group("sp"), heads=net.config.num_heads)
         if dist_cfg.fsdp:

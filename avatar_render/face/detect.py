@@ -8,7 +8,14 @@ import cv2
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.face.layout import EYE_GAP, EYE_Y, Box, FaceLayout, layout_from_box, layout_with_eyes
+from avatar_render.face.layout import (
+    EYE_GAP,
+    EYE_Y,
+    Box,
+    FaceLayout,
+    layout_from_box,
+    layout_with_eyes,
+)
 from avatar_render.pipeline.module import Module
 
 _FACE_CASCADE = "haarcascade_frontalface_alt2.xml"

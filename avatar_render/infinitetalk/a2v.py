@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 import torch
 
-from avatar_render.models.grid import latent_of, latents_in
 from avatar_render.infinitetalk.types import AudioWindow, LatentChunk, ModelStatic
+from avatar_render.models.grid import latent_of, latents_in
 from avatar_render.models.sampler import Evaluate, SamplerConfig, sample, serial
 from avatar_render.models.vae import WanVae
 from avatar_render.pipeline.module import Module

@@ -17,8 +17,18 @@ from avatar_render.distributed.parallelize import DiTPlan
 from avatar_render.distributed.streaming import BlockStreamer
 from avatar_render.errors import AvatarRenderError
 from avatar_render.models.audio_encoder import TINY_WAV2VEC2, AudioEncoder
-from avatar_render.models.checkpoints import find_audio_module, read_dit_weights, resolve_base_files
-from avatar_render.models.dit import DiTConfig, WanAudioDiT, build_dit, materialize_random, param_dtype
+from avatar_render.models.checkpoints import (
+    find_audio_module,
+    read_dit_weights,
+    resolve_base_files,
+)
+from avatar_render.models.dit import (
+    DiTConfig,
+    WanAudioDiT,
+    build_dit,
+    materialize_random,
+    param_dtype,
+)
 from avatar_render.models.image_encoder import ImageEncoder, ImageEncoderConfig
 from avatar_render.models.text_encoder import TextEncoder, TextEncoderConfig
 from avatar_render.models.vae import VaeConfig, WanVae

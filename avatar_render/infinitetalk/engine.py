@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from avatar_render.config import Config
-from avatar_render.distributed.mesh import current as current_mesh
 from avatar_render.distributed.cfg_parallel import spare_replicas, split_passes
+from avatar_render.distributed.mesh import Mesh
 from avatar_render.distributed.parallelize import dit_plan, text_plan
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.a2v import A2VStage
 from avatar_render.infinitetalk.components import architectures, make_components
 from avatar_render.infinitetalk.publish import build_publish, publish_notes
-from avatar_render.models.grid import TIME_STRIDE, frames_in, latents_in
 from avatar_render.infinitetalk.stages import AUDIO_MARGIN_S, AudioContext, ModelInit
+from avatar_render.models.grid import TIME_STRIDE, frames_in, latents_in
 from avatar_render.models.sampler import SamplerConfig, passes, serial
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 
@@ -35,12 +35,12 @@ def check_sizes(cfg: Config) -> None:
             raise AvatarRenderError(f"Config key '{key}' {why}.")
 
 
-def build_infinitetalk(cfg: Config) -> Pipeline:
+def build_infinitetalk(cfg: Config, mesh: Mesh) -> Pipeline:
+    """The backend's pipeline for this process of the launch that ``mesh`` describes."""
     check_sizes(cfg)
     m, c = cfg.model, cfg.chunk
-    mesh = current_mesh()
     comps = make_components(m, seed=cfg.seed, parallel=dit_plan(cfg.dist, mesh), text_shard=text_plan(cfg.dist, mesh),
-                            device=mesh.device if mesh.distributed else None,
+                            device=mesh.device,
                             stream_dit=max(1, cfg.dist.prefetch_blocks) if cfg.dist.offload.get("dit") == "offloaded" else 0)
     context_latents = latents_in(c.context_frames)
     new_latents = c.chunk_frames // TIME_STRIDE + 1  # N0 holds the reference latent too
@@ -56,7 +56,7 @@ def build_infinitetalk(cfg: Config) -> Pipeline:
             AudioContext(audio=comps.audio, context_latents=context_latents,
                          latent_hw=(cfg.gen_size[1] // 8, cfg.gen_size[0] // 8)),
             A2VStage(dit=comps.dit, vae=comps.vae, context_frames=c.context_frames, context_mode=m.context_mode,
-                     evaluate=split_passes(mesh) if cfg.dist.cfg_parallel else serial, sampler=sampler),
+                     evaluate=split_passes(mesh, serial) if cfg.dist.cfg_parallel else serial, sampler=sampler),
         ),
         decode=build_publish(cfg, comps, mesh),  # the decode, and the SR stage with model.sr
         sizes=ChunkSizes(c.chunk_frames, c.context_frames, c.transition_frames, lead_frames=1),

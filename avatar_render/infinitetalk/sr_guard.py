@@ -10,7 +10,7 @@
 * Colour is matched to the low-res frame: the output's low frequencies are replaced by the
   upscaled low-res frame's (the SR adds detail, not a colour cast).
 * Identity: the face crop of each chunk's output and of the fidelity path are compared with the
-  reference's face (``metrics.identity``'s HOG descriptor); when the SR's similarity falls more than
+  reference's face (the HOG descriptor ``inspect`` uses, ``face.identity``); when the SR's similarity falls more than
   ``identity_drop`` below the fidelity path's, the chunk is published from the fidelity path instead.
 """
 
@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from avatar_render.face.layout import Box, FaceLayout
-from avatar_render.metrics.identity import face_descriptor
-from avatar_render.metrics.motion import TRACK_GROW, PhaseCorrelator
-from avatar_render.metrics.regions import luma, mouth_region, patch
+from avatar_render.face.identity import face_descriptor
+from avatar_render.face.patches import luma, mouth_region, patch
+from avatar_render.face.track import TRACK_GROW, PhaseCorrelator
 from avatar_render.models.sr.geometry import Cover
 
 log = logging.getLogger("avatar_render.sr")

@@ -10,18 +10,23 @@ import numpy as np
 import torch
 
 from avatar_render.distributed.split_decode import RowSplit
-from avatar_render.models.grid import frames_in, latent_of, latents_for
-from avatar_render.infinitetalk.types import AudioWindow, DecodeCarry, LatentSegment, ModelStatic
+from avatar_render.face.detect import FaceDetector, find_face
+from avatar_render.face.fit import fit_to_frame
+from avatar_render.face.layout import fallback_layout
+from avatar_render.infinitetalk.types import (
+    AudioWindow,
+    DecodeCarry,
+    LatentSegment,
+    ModelStatic,
+)
 from avatar_render.models.audio_encoder import AudioEncoder
+from avatar_render.models.grid import frames_in, latent_of, latents_for
 from avatar_render.models.image_encoder import ImageEncoder
 from avatar_render.models.text_encoder import TextEncoder
 from avatar_render.models.vae import StreamingDecoder, WanVae
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import ChunkInput, Frames, RequestInput
-from avatar_render.face.detect import FaceDetector, find_face
-from avatar_render.face.fit import fit_to_frame
-from avatar_render.face.layout import fallback_layout
 
 # Audio the encoder sees beyond a chunk's model frames, on each side: wav2vec2's positional
 # convolution spans about +-2.6 s, so less margin makes chunked features drift from whole-file ones.

@@ -11,7 +11,12 @@ import torch
 from avatar_render.face.layout import FaceLayout
 from avatar_render.models.grid import latent_of, latents_for
 from avatar_render.models.vae import CausalCache
-from avatar_render.pipeline.types import ChunkInput, Generated, Segment, StaticConditioning
+from avatar_render.pipeline.types import (
+    ChunkInput,
+    Generated,
+    Segment,
+    StaticConditioning,
+)
 
 
 @dataclass(frozen=True)

@@ -8,17 +8,11 @@ import math
 import os
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import av
 
 from avatar_render.errors import AvatarRenderError
-
-if TYPE_CHECKING:
-    from avatar_render.io.writer import WriterSpec
-
-KEYINT_SECONDS = 10  # longest stretch without a keyframe when chunks are long
-
+from avatar_render.io.spec import WriterSpec
 
 def remux_faststart(src: Path, dst: Path) -> None:
     """Write the fragmented file ``src`` as a regular MP4 with its index in front to ``dst`` (a
@@ -53,9 +47,9 @@ def open_video_encoder(spec: WriterSpec) -> av.VideoCodecContext:
     codec.pix_fmt = "yuv420p"
     codec.time_base = 1 / spec.fps
     codec.framerate = spec.fps
-    keyint = 2 * math.ceil(KEYINT_SECONDS * spec.fps)  # a backstop for chunks longer than that
+    keyint = 2 * math.ceil(spec.gop_seconds * spec.fps)  # a backstop for chunks longer than that
     # zerolatency: no B-frames, no lookahead, slice threads instead of frame threads, so each
-    # frame's packet comes out of encode() at once. Keyframes are forced at chunk starts.
+    # frame's packet comes out of encode() at once. The writer forces an IDR frame at each GOP start.
     params = f"keyint={keyint}:scenecut=0:forced-idr=1:colorprim=bt709:transfer=bt709:colormatrix=bt709"
     codec.options = {
         "preset": spec.preset,
@@ -89,6 +83,10 @@ def create_error(path: Path, exc: OSError) -> str:
         return f"Could not open '{path}': it does not exist."
     if isinstance(exc, PermissionError):
         return f"Could not create '{path}': permission denied."
+    if isinstance(exc, FileExistsError):
+        return f"Could not create '{path}': something is already there, and the render writes only files it makes."
+    if exc.errno == errno.ELOOP:
+        return f"Could not open '{path}': it is a symbolic link, and the render never writes through one."
     return f"Could not create '{path}': {os_reason(exc)}."
 
 

@@ -10,16 +10,23 @@ muxer only emits a fragment when the *next* one starts (PyAV has no call to flus
 keep every chunk off the disk until the following chunk arrived.
 
 Latency on disk: every video frame of a chunk is on disk once the chunk is processed (x264 runs
-with zero latency; keyframes fall on chunk starts, about every ten seconds). Audio trails by less than three
-AAC frames (< 3072 samples): the samples that do not fill a whole 1024-sample AAC frame wait for
-the next chunk, and the AAC encoder holds two frames back (its priming frame plus one of
-lookahead). ``close()`` writes all of it.
+with zero latency). Audio trails by less than three AAC frames (< 3072 samples): the samples that do
+not fill a whole 1024-sample AAC frame wait for the next chunk, and the AAC encoder holds two frames
+back (its priming frame plus one of lookahead). ``close()`` writes all of it.
 
-Resuming: ``mark(callback)`` reports a ``WriterPosition`` once everything put before it is on disk.
-A new writer given that position cuts the file back to it and appends: the video restarts with a
-keyframe; the AAC encoder restarts a few frames before the first sample missing from the file
-(``replay_start``) and its packets that the file already holds are dropped, so the two encodes join
-without a click.
+Closed GOPs: a GOP can only start where the caller says a render could be resumed (``boundary()``,
+at each checkpoint of the chunk loop), and starts at the first such point at least
+``spec.gop_seconds`` after the previous GOP's start: a pure function of where the boundaries fall, so
+the same in every run. Each GOP is encoded by fresh
+encoders: x264 from scratch from an IDR frame, the AAC encoder restarted a few frames before the
+first sample missing from the file (``replay_start``), its packets that the file already holds
+dropped, so the two encodes join without a click. What a GOP's bytes are therefore depends only on
+its own frames and audio, not on how the encoders got there.
+
+Resuming: ``mark(callback)``, allowed only where the next chunk opens a GOP (``boundary()`` said so), reports
+a ``WriterPosition`` once everything put before it is on disk. A new writer given that position cuts
+the file back to it and appends, restarting its encoders exactly as the uninterrupted writer did at
+that point: the resumed file is byte for byte the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -31,7 +38,6 @@ import threading
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Callable, Optional, Union
 
@@ -39,46 +45,30 @@ import av
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.io.audio import AAC_RATES
-from avatar_render.io.codecs import KEYINT_SECONDS, create_error, open_audio_encoder, open_video_encoder, remux_faststart, write_error
-from avatar_render.io.fmp4 import AAC_FRAME, AAC_PRIMING, Fmp4Muxer, MuxerState, Sample, Tracks, annexb_to_avcc, scan_fragments
+from avatar_render.files import create_new, open_own
+from avatar_render.io.codecs import (
+    create_error,
+    open_audio_encoder,
+    open_video_encoder,
+    remux_faststart,
+    write_error,
+)
+from avatar_render.io.fmp4 import (
+    AAC_FRAME,
+    AAC_PRIMING,
+    Fmp4Muxer,
+    MuxerState,
+    Sample,
+    Tracks,
+    annexb_to_avcc,
+    scan_fragments,
+)
+from avatar_render.io.spec import WriterSpec
 
-PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
-
-_PREROLL_FRAMES = 4  # AAC frames a resumed encoder re-encodes before the join (2 suffice for a clean join)
-
-
-@dataclass(frozen=True)
-class WriterSpec:
-    path: Path
-    width: int
-    height: int
-    fps: Fraction
-    crf: int = 20
-    preset: str = "veryfast"
-    audio_rate: int = 48000
-    audio_channels: int = 2
-    audio_bitrate: int = 128_000
-    queue_chunks: int = 4  # bounded queue length; put() blocks when full
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path))
-        if not isinstance(self.fps, Fraction):
-            object.__setattr__(self, "fps", Fraction(self.fps).limit_denominator(1001))
-        if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:
-            raise AvatarRenderError(f"Video size {self.width}x{self.height} must be positive and even.")
-        if not 0 < self.fps <= 1000 or self.fps.numerator >= 2**31:
-            raise AvatarRenderError(f"Frame rate {self.fps} must be a positive fraction up to 1000 fps.")
-        if not 0 <= self.crf <= 51:
-            raise AvatarRenderError(f"CRF {self.crf} must be between 0 and 51.")
-        if self.preset not in PRESETS:
-            raise AvatarRenderError(f"Preset '{self.preset}' is not one of {', '.join(PRESETS)}.")
-        if self.audio_rate not in AAC_RATES:
-            raise AvatarRenderError(f"Audio rate {self.audio_rate} Hz is not an AAC rate; use 16000, 44100 or 48000.")
-        if self.audio_channels not in (1, 2):
-            raise AvatarRenderError(f"Audio must have 1 or 2 channels, not {self.audio_channels}.")
-        if self.audio_bitrate <= 0 or self.queue_chunks < 1:
-            raise AvatarRenderError("Audio bitrate and writer queue length must be positive.")
+_PREROLL_FRAMES = 4  # AAC frames a restarted encoder re-encodes before the join (2 suffice for a clean join)
+# Input samples kept for a restart: the pre-roll, plus what the file does not hold yet (the FIFO's
+# part of a frame and the encoder's two held-back frames), with room to spare.
+_HISTORY_SAMPLES = 16 * AAC_FRAME
 
 
 @dataclass(frozen=True)
@@ -119,6 +109,25 @@ def replay_start(position: WriterPosition) -> int:
 class _Chunk:
     frames: np.ndarray  # (T, H, W, 3) uint8 RGB
     audio: np.ndarray  # (C, n) float32
+    opens_gop: bool  # its first frame starts a GOP: fresh encoders, an IDR frame
+
+
+class _AudioHistory:
+    """The last ``size`` input samples, kept for the AAC restart at a GOP start."""
+
+    def __init__(self, channels: int, size: int) -> None:
+        self.data = np.zeros((channels, 0), np.float32)  # (C, <= size)
+        self.end = 0  # index of the sample after the last one kept
+        self.size = size
+
+    def add(self, audio: np.ndarray) -> None:
+        self.data = np.concatenate([self.data, audio], axis=1)[:, -self.size :]
+        self.end += audio.shape[1]
+
+    def since(self, start: int) -> np.ndarray:
+        """Samples [start, end) as (C, end - start)."""
+        assert self.end - self.data.shape[1] <= start <= self.end, "the AAC restart reaches back further than kept"
+        return self.data[:, start - self.end + self.data.shape[1] :]
 
 
 @dataclass(frozen=True)
@@ -150,14 +159,17 @@ class Mp4Writer:
         start = resume.position if resume is not None else WriterPosition(0, 0, 0, 0, 0, 0)
         self._frames_put = self._frames_encoded = self._frames_written = start.frames
         self._samples_put = self._samples_done = start.audio_samples
-        self._key_every = math.ceil(KEYINT_SECONDS * spec.fps)  # frames between forced keyframes
-        self._last_key: int | None = None  # pts of the last forced keyframe; None: the next chunk starts with one
+        self._gop_frames = math.ceil(spec.gop_seconds * spec.fps)  # shortest GOP
+        self._gop_start: int | None = None  # (main thread) first frame of the GOP being put
+        self._next_opens = True  # (main thread) the next chunk put opens a GOP
+        self._fresh = True  # (writer thread) the encoders have encoded nothing yet
+        self._history = _AudioHistory(spec.audio_channels, _HISTORY_SAMPLES)
         self._first_frame_on_disk: Optional[float] = None
         self._encode_seconds = 0.0
-        self._audio_skip = 0  # packets of a resumed AAC encoder that the file already holds
 
         try:
-            self._file: BinaryIO = open(spec.path, "wb" if resume is None else "r+b", buffering=0)
+            # A new file is created, never opened over anything there; a resumed one is never followed through a link.
+            self._file: BinaryIO = create_new(spec.path) if resume is None else open_own(spec.path, "r+b")
         except OSError as exc:
             raise AvatarRenderError(create_error(spec.path, exc)) from None
         try:
@@ -165,6 +177,7 @@ class Mp4Writer:
             self._audio = open_audio_encoder(spec)
             self._fifo = av.AudioFifo()
             self._audio_pts = 0  # samples sent to the AAC encoder
+            self._audio_skip = 0  # packets of a restarted AAC encoder that the file already holds
             tracks = Tracks(spec.width, spec.height, spec.fps, spec.audio_rate, spec.audio_channels,
                             spec.audio_bitrate, self._video.extradata, self._audio.extradata)
             state = MuxerState(start.sequence, start.video_time, start.audio_time)
@@ -199,14 +212,28 @@ class Mp4Writer:
             raise ValueError(f"frames must be uint8 (T, {spec.height}, {spec.width}, 3), got {frames.dtype} {frames.shape}")
         if audio.ndim != 2 or audio.shape[0] != spec.audio_channels:
             raise ValueError(f"audio must be ({spec.audio_channels}, n), got {audio.shape}")
-        chunk = _Chunk(np.ascontiguousarray(frames), np.array(audio, dtype=np.float32, order="C"))
+        opens = self._next_opens
+        chunk = _Chunk(np.ascontiguousarray(frames), np.array(audio, dtype=np.float32, order="C"), opens_gop=opens)
         self._enqueue(chunk)
+        self._next_opens = False
+        if opens:
+            self._gop_start = self._frames_put
         self._frames_put += len(chunk.frames)
         self._samples_put += chunk.audio.shape[1]
 
+    def boundary(self) -> bool:
+        """A point where a render could be resumed (between two chunks put). True when a GOP opens
+        here: then the next chunk starts one, and a ``mark`` here is a point a resumed writer joins
+        byte for byte."""
+        if self._gop_start is None or self._frames_put - self._gop_start >= self._gop_frames:
+            self._next_opens = True
+        return self._next_opens
+
     def mark(self, callback: Callable[[WriterPosition], None]) -> None:
-        """Call ``callback(position)`` on the writer thread once everything put so far is on disk.
-        An exception it raises (an AvatarRenderError) stops the writer and reaches the caller."""
+        """Call ``callback(position)`` on the writer thread once everything put so far is on disk;
+        only where the next chunk opens a GOP. An exception the callback raises (an
+        AvatarRenderError) stops the writer and reaches the caller."""
+        assert self._next_opens, "a resume point must fall on a GOP start"
         self._enqueue(_Mark(callback))
 
     def close(self, *, faststart: bool = True) -> WriterStats:
@@ -282,8 +309,16 @@ class Mp4Writer:
         start = replay_start(position)
         if resume.replay.shape != (self.spec.audio_channels, position.audio_samples - start):
             raise ValueError(f"replay audio must be {(self.spec.audio_channels, position.audio_samples - start)}, got {resume.replay.shape}")
-        self._audio_skip = position.audio_time // AAC_FRAME - start // AAC_FRAME
-        self._fifo_write(np.array(resume.replay, dtype=np.float32, order="C"))
+        replay = np.array(resume.replay, dtype=np.float32, order="C")
+        self._history.end = start
+        self._history.add(replay)
+        self._replay_audio(position, replay)
+
+    def _replay_audio(self, position: WriterPosition, replay: np.ndarray) -> None:
+        """Feed a fresh AAC encoder the samples from ``replay_start(position)`` on; drop its packets
+        that the file already holds."""
+        self._audio_skip = position.audio_time // AAC_FRAME - replay_start(position) // AAC_FRAME
+        self._fifo_write(replay)
 
     # Everything below runs on the writer thread.
 
@@ -303,6 +338,8 @@ class Mp4Writer:
                     self._encode_seconds += time.perf_counter() - start
                 start = time.perf_counter()
                 if not self._abort.is_set():
+                    if self._next_opens and not self._fresh:  # a resume point at the end: flush as a resumed writer would
+                        self._restart_encoders()
                     self._write_fragment(self._video_samples(self._video.encode(None)), self._encode_audio(final=True))
             finally:
                 self._file.close()
@@ -325,6 +362,9 @@ class Mp4Writer:
                               audio_time=m.audio_time, frames=self._frames_written, audio_samples=self._samples_done)
 
     def _write_chunk(self, chunk: _Chunk) -> None:
+        if chunk.opens_gop and not self._fresh:
+            self._restart_encoders()
+        self._fresh = False
         video: list[Sample] = []
         for i, rgb in enumerate(chunk.frames):
             if self._abort.is_set():
@@ -333,15 +373,24 @@ class Mp4Writer:
             frame = frame.reformat(format="yuv420p", dst_colorspace="ITU709", dst_color_range="MPEG")
             frame.pts = self._frames_encoded
             self._frames_encoded += 1
-            if i == 0 and (self._last_key is None or frame.pts - self._last_key >= self._key_every):
-                # An IDR at a chunk start, at most every KEYINT_SECONDS: a keyframe per chunk would
-                # show as a visible quality pulse at every seam.
+            if i == 0 and chunk.opens_gop:
                 frame.pict_type = av.video.frame.PictureType.I  # with forced-idr=1: an IDR frame
-                self._last_key = frame.pts
             video += self._video_samples(self._video.encode(frame))
         self._fifo_write(chunk.audio)
+        self._history.add(chunk.audio)
         self._samples_done += chunk.audio.shape[1]
         self._write_fragment(video, self._encode_audio(final=False))
+
+    def _restart_encoders(self) -> None:
+        """Fresh encoders for a new GOP, started as a resumed writer starts them at this point."""
+        position = self._position()
+        left = self._video.encode(None)  # zero latency: nothing is held back
+        assert not left, "x264 held frames back"
+        self._video = open_video_encoder(self.spec)
+        self._audio = open_audio_encoder(self.spec)
+        self._fifo = av.AudioFifo()
+        self._audio_pts = 0
+        self._replay_audio(position, self._history.since(replay_start(position)))
 
     def _fifo_write(self, audio: np.ndarray) -> None:
         if audio.shape[1]:

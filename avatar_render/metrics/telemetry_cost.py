@@ -17,7 +17,7 @@ import json
 import statistics
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -58,16 +58,6 @@ class _CountingTelemetry(Telemetry):
         super().chunk_done(**fields)
 
 
-@contextmanager
-def _telemetry_class(cls: type[Telemetry]):
-    saved = api.Telemetry
-    api.Telemetry = cls  # the render entry point builds its telemetry from this name
-    try:
-        yield
-    finally:
-        api.Telemetry = saved
-
-
 @dataclass(frozen=True)
 class TelemetryCost:
     frames: int
@@ -91,13 +81,18 @@ class TelemetryCost:
     bottom_up_pct: float  # (calls x costs + report rows) / render time
 
 
-def _render(reference: Path, speech: Path, overrides: tuple[str, ...], workdir: Path, *, report: bool) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this process, all threads) of one render."""
+def _render(reference: Path, speech: Path, overrides: tuple[str, ...], workdir: Path, *, report: bool,
+            telemetry: type[Telemetry] = Telemetry) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process, all threads) of one render measured by ``telemetry``."""
     cfg = load_config(None, overrides)
     request = api.RenderRequest(reference=reference, audio=speech, output=workdir / "out.mp4", config=cfg, force=True,
                                 report=workdir / "report.json" if report else None)
     t, c = time.perf_counter(), time.process_time()
-    api.render(request)
+    probe = telemetry(keep_records=report)  # created and closed inside the timing, as a render does its own
+    try:
+        api.render(request, telemetry=probe)
+    finally:
+        probe.close()
     return time.perf_counter() - t, time.process_time() - c
 
 
@@ -116,11 +111,10 @@ def measure(reference: Path, speech: Path, *, repeats: int = 5, overrides: tuple
         for i in range(repeats):
             order = (True, False) if i % 2 == 0 else (False, True)
             for real in order:
-                with _telemetry_class(Telemetry if real else _NullTelemetry):
-                    (with_t if real else without_t).append(_render(reference, speech, overrides, work, report=report))
+                (with_t if real else without_t).append(_render(reference, speech, overrides, work, report=report,
+                                                               telemetry=Telemetry if real else _NullTelemetry))
         _CountingTelemetry.stages = _CountingTelemetry.chunks = 0
-        with _telemetry_class(_CountingTelemetry):
-            _render(reference, speech, overrides, work, report=report)
+        _render(reference, speech, overrides, work, report=report, telemetry=_CountingTelemetry)
         frames = int(json.loads((work / "report.json").read_text())["frames"]) if report else 0
         probe = Telemetry(keep_records=report)
         stage_us = _per_call_us(lambda: _timed_stage(probe), _STAGE_LOOPS)

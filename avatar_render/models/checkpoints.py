@@ -7,7 +7,7 @@ Supported files (``base`` is a folder or a single file):
   one ``diffusion_pytorch_model.safetensors``, or any single ``.safetensors`` file with native
   names (an optional ``model.diffusion_model.`` / ``diffusion_model.`` prefix is stripped).
 * diffusers: the same file names with ``WanTransformer3DModel`` tensor names, in ``base`` or in
-  ``base/transformer`` (a diffusers pipeline folder); renamed to native names by ``DIFFUSERS_NAMES``.
+  ``base/transformer`` (a diffusers pipeline folder); renamed to native names (``dit_names``).
   ``attn2.norm_added_q`` (written by old diffusers versions, unused by the model) is skipped.
 * the audio module, merged on top (its tensors replace same-named base tensors):
   ``infinitetalk.safetensors`` (InfiniteTalk ``single/`` or ``multi/``) or ``multitalk.safetensors``,
@@ -30,73 +30,18 @@ from torch import nn
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.models.dit import DiTConfig, WanAudioDiT, build_dit, param_dtype
+from avatar_render.models.dit_names import (
+    DIFFUSERS_SKIPPED,
+    diffusers_to_native,
+    is_audio_name,
+    is_diffusers_name,
+)
+from avatar_render.models.lora import merge_lora
 from avatar_render.models.weights import is_sharded
 
 INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
 SINGLE_NAME = "diffusion_pytorch_model.safetensors"
 AUDIO_MODULE_NAMES = ("infinitetalk.safetensors", "single/infinitetalk.safetensors", "multitalk.safetensors")
-
-# Wan-native -> diffusers WanTransformer3DModel names (prefixes of tensor names). Native norm3 (the
-# affine pre-cross-attention norm) is diffusers' norm2; the weightless norms have no tensors.
-_TOP_NAMES = {
-    "patch_embedding": "patch_embedding",
-    "time_embedding.0": "condition_embedder.time_embedder.linear_1",
-    "time_embedding.2": "condition_embedder.time_embedder.linear_2",
-    "time_projection.1": "condition_embedder.time_proj",
-    "text_embedding.0": "condition_embedder.text_embedder.linear_1",
-    "text_embedding.2": "condition_embedder.text_embedder.linear_2",
-    "img_emb.proj.0": "condition_embedder.image_embedder.norm1",
-    "img_emb.proj.1": "condition_embedder.image_embedder.ff.net.0.proj",
-    "img_emb.proj.3": "condition_embedder.image_embedder.ff.net.2",
-    "img_emb.proj.4": "condition_embedder.image_embedder.norm2",
-    "head.head": "proj_out",
-    "head.modulation": "scale_shift_table",
-}
-_BLOCK_NAMES = {
-    **{f"self_attn.{a}": f"attn1.{b}" for a, b in [("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"), ("norm_q", "norm_q"), ("norm_k", "norm_k")]},
-    **{f"cross_attn.{a}": f"attn2.{b}" for a, b in [("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"), ("norm_q", "norm_q"), ("norm_k", "norm_k"), ("k_img", "add_k_proj"), ("v_img", "add_v_proj"), ("norm_k_img", "norm_added_k")]},
-    "norm3": "norm2",
-    "ffn.0": "ffn.net.0.proj",
-    "ffn.2": "ffn.net.2",
-    "modulation": "scale_shift_table",
-}
-DIFFUSERS_NAMES = {**_TOP_NAMES, **{f"blocks.*.{k}": f"blocks.*.{v}" for k, v in _BLOCK_NAMES.items()}}
-_DIFFUSERS_SKIPPED = re.compile(r"\.norm_added_q\.")
-_BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
-
-
-def _rename(key: str, table: dict[str, str]) -> str | None:
-    for src, dst in table.items():
-        if key == src or key.startswith(src + "."):
-            return dst + key[len(src):]
-    return None
-
-
-def _convert(key: str, top: dict[str, str], block: dict[str, str]) -> str | None:
-    m = _BLOCK.match(key)
-    if m:
-        inner = _rename(m.group(2), block)
-        return None if inner is None else f"blocks.{m.group(1)}.{inner}"
-    return _rename(key, top)
-
-
-def native_to_diffusers(key: str) -> str | None:
-    """Wan-native tensor name -> diffusers name; None for the audio tensors (no diffusers equivalent)."""
-    return _convert(key, _TOP_NAMES, _BLOCK_NAMES)
-
-
-def diffusers_to_native(key: str) -> str | None:
-    """diffusers WanTransformer3DModel tensor name -> Wan-native name; None if it has none."""
-    return _convert(key, {v: k for k, v in _TOP_NAMES.items()}, {v: k for k, v in _BLOCK_NAMES.items()})
-
-
-def _is_diffusers_name(key: str) -> bool:
-    return key.startswith(("condition_embedder.", "proj_out.")) or key == "scale_shift_table" or ".attn1." in key or ".attn2." in key
-
-
-def _is_audio_name(key: str) -> bool:
-    return key.startswith("audio_proj.") or ".audio_cross_attn." in key or ".norm_x." in key
-
 
 def _listing(names, limit: int = 3) -> str:
     names = list(names)
@@ -156,11 +101,11 @@ def plan_sources(base: Path, audio: Path | None = None) -> dict[str, TensorSourc
     sources: dict[str, TensorSource] = {}
     for file in resolve_base_files(base):
         header = _header(file)
-        diffusers = any(_is_diffusers_name(k) for k in header)
+        diffusers = any(is_diffusers_name(k) for k in header)
         for stored, shape in header.items():
             name = re.sub(r"^(model\.)?diffusion_model\.", "", stored)
             if diffusers:
-                if _DIFFUSERS_SKIPPED.search(name):
+                if DIFFUSERS_SKIPPED.search(name):
                     continue
                 name = diffusers_to_native(name) or name  # unknown names surface as unexpected
             sources[name] = TensorSource(file, stored, shape)
@@ -186,7 +131,7 @@ def check_sources(sources: dict[str, TensorSource], expected: dict[str, tuple[in
     ]
     problems = []
     if missing:
-        hint = "; they belong to the audio module, e.g. infinitetalk.safetensors" if all(map(_is_audio_name, missing)) else ""
+        hint = "; they belong to the audio module, e.g. infinitetalk.safetensors" if all(map(is_audio_name, missing)) else ""
         problems.append(f"{len(missing)} tensor(s) missing ({_listing(missing)}{hint})")
     if unexpected:
         problems.append(f"{len(unexpected)} unexpected tensor(s) ({_listing(unexpected)})")
@@ -247,8 +192,6 @@ def read_dit_weights(
     dtype None keeps the stored dtypes; otherwise tensors are cast to ``dtype`` except the float32
     islands (``dit.FP32_PARAMS``) when ``keep_fp32``.
     """
-    from avatar_render.models.lora import merge_lora
-
     sources = plan_sources(base, audio)
     check_sources(sources, expected_shapes(model), str(base) if audio is None else f"{base} + {audio}")
     load_into(model, sources, dtype=dtype, device=device, keep_fp32=keep_fp32)

@@ -11,7 +11,13 @@ import torch
 from torch import Tensor, nn
 
 from avatar_render.models.audio_proj import AudioProjection
-from avatar_render.models.dit_blocks import DiTBlock, Head, ImageEmbedding, Rope3D, linear_f32
+from avatar_render.models.dit_blocks import (
+    DiTBlock,
+    Head,
+    ImageEmbedding,
+    Rope3D,
+    linear_f32,
+)
 from avatar_render.models.grid import frames_in
 
 

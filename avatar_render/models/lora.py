@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.models.checkpoints import native_to_diffusers
+from avatar_render.models.dit_names import native_to_diffusers
 from avatar_render.models.weights import is_sharded
 
 _PREFIX = re.compile(r"^(model\.diffusion_model\.|diffusion_model\.|transformer\.|base_model\.model\.|lora_unet_)")

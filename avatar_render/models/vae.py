@@ -17,11 +17,22 @@ from typing import Any
 
 import torch
 from diffusers import AutoencoderKLWan
-from diffusers.models.autoencoders.autoencoder_kl_wan import CACHE_T, WanCausalConv3d, WanResample, WanUpsample
+from diffusers.models.autoencoders.autoencoder_kl_wan import (
+    CACHE_T,
+    WanCausalConv3d,
+    WanResample,
+    WanUpsample,
+)
 from torch import nn
 
 from avatar_render.models.grid import frames_in
-from avatar_render.models.weights import TorchModule, by_table, load_checkpoint, read_json, safetensors_shards
+from avatar_render.models.weights import (
+    TorchModule,
+    by_table,
+    load_checkpoint,
+    read_json,
+    safetensors_shards,
+)
 
 # fmt: off
 WAN21_LATENTS_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,

@@ -1,11 +1,10 @@
 """Stages run one after another in one slot of a pipeline (e.g. decode, then super-resolution, in the
-publishing slot): each stage keeps its own carry (the chain's carry is the tuple of them) and is timed
-under its own name by ``run_stage``."""
+publishing slot): each stage keeps its own carry (the chain's carry is the tuple of them); the
+pipeline times each under its own name."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from typing import Any, Callable
+from typing import Any
 
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.stage import Stage, check_chain
@@ -33,24 +32,7 @@ class StageChain(Stage):
         return tuple(s.restored_carry(c, static) for s, c in zip(self.stages, saved))
 
     def run(self, x: Any, *, static: Any, carry: tuple) -> tuple[Any, tuple]:
-        return self.run_timed(x, static=static, carry=carry, clock=None)
-
-    def run_timed(self, x: Any, *, static: Any, carry: tuple,
-                  clock: Callable[[str], AbstractContextManager] | None) -> tuple[Any, tuple]:
         carries = list(carry)
         for i, stage in enumerate(self.stages):
-            if clock is None:
-                x, carries[i] = stage.run(x, static=static, carry=carries[i])
-            else:
-                with clock(stage.name):
-                    x, carries[i] = stage.run(x, static=static, carry=carries[i])
+            x, carries[i] = stage.run(x, static=static, carry=carries[i])
         return x, tuple(carries)
-
-
-def run_stage(stage: Stage, x: Any, *, static: Any, carry: Any,
-              clock: Callable[[str], AbstractContextManager]) -> tuple[Any, Any]:
-    """``stage.run`` timed by ``clock``: each stage of a chain under its own name."""
-    if isinstance(stage, StageChain):
-        return stage.run_timed(x, static=static, carry=carry, clock=clock)
-    with clock(stage.name):
-        return stage.run(x, static=static, carry=carry)

@@ -6,11 +6,12 @@ import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any, Callable, Iterator, Protocol, get_type_hints
+from typing import Any, Callable, Generator, Iterator, Protocol, get_type_hints
 
 import numpy as np
 
-from avatar_render.pipeline.chain import run_stage
+from avatar_render.errors import AvatarRenderError
+from avatar_render.pipeline.chain import StageChain
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.schedule import ChunkPlan, iter_schedule
 from avatar_render.pipeline.stage import Stage, check_chain
@@ -98,71 +99,112 @@ class Pipeline:
         and yields exactly what the uninterrupted loop would have yielded after it. The audio before
         that point is decoded again (fast-forward), not processed.
         """
-        C, T = self.sizes.chunk_frames, self.sizes.transition_frames
-        if resume is None:
-            state = RollingState(
-                carries=tuple(s.init_carry(static) for s in self.generate),
-                decode_carry=self.decode.init_carry(static),
-            )
-            done = 0
-        else:
-            state, done = resume.state, resume.plans_done
-            if len(state.carries) != len(self.generate):
-                raise CannotResume("The saved state does not fit this backend's stages, so the render cannot be resumed.")
-            state = replace(state, carries=tuple(s.restored_carry(c, static) for s, c in zip(self.generate, state.carries)),
-                            decode_carry=self.decode.restored_carry(state.decode_carry, static))
-        plans = iter_schedule(
-            chunk_frames=C,
-            transition_frames=T,
-            context_frames=self.sizes.context_frames,
-            lead_frames=self.sizes.lead_frames,
-            frames_upto=audio.probe,
-        )
+        state, done = self._start(static, resume)
         number = -1
-        for number, plan in enumerate(plans):
+        for number, plan in enumerate(self._plans(audio)):
             if number < done:
-                if number == done - 1 and plan != resume.last_plan:
-                    raise CannotResume("The saved chunk plan does not match this audio and config, so the render cannot be resumed.")
-                audio.release(self.audio_kept_from(plan))
+                self._fast_forward(plan, audio, last=resume.last_plan if number == done - 1 else None)
                 continue
-            with clock("audio"):
-                window = audio.model_audio(plan.start, plan.end, pad_s=self.audio_pad_s)
-            x: Any = ChunkInput(
-                plan=plan,
-                fps=self.fps,
-                audio=window,
-                audio_rate=self.audio_rate,
-                audio_pad_s=self.audio_pad_s,
-                anchors=tuple(state.anchors[f] for f in plan.anchors),
-                seed=seed,
-            )
-            carries = list(state.carries)
-            for i, stage in enumerate(self.generate):
-                with clock(stage.name):
-                    x, carries[i] = stage.run(x, static=static, carry=carries[i])
-            generated: Generated = x
-            state = replace(state, carries=tuple(carries)).with_anchors(
-                {f: generated.anchor(f) for f in plan.keep}, drop=plan.anchors
-            )
-            if plan.publish_end > plan.publish_start:
-                segment = generated.segment(plan.publish_start, plan.publish_end)
-                state = replace(state, pending=state.pending + (segment,))
-            del x, generated, window
-            while True:
-                state, segment = state.pop_ready()
-                if segment is None:
-                    break
-                frames, decode_carry = run_stage(self.decode, segment, static=static, carry=state.decode_carry, clock=clock)
-                state = replace(state, decode_carry=decode_carry)
-                with clock("audio"):
-                    out_audio = audio.output_audio(segment.start, segment.end)
-                yield Published(plan=plan, start=frames.start, frames=frames.frames, audio=out_audio)
-                # I chunks reach back before what was published last: keep their audio.
-                audio.release(max(0, segment.start - T - 1 - math.ceil(self.audio_pad_s * self.fps)))
+            state = self._generate(plan, state, static, audio, seed=seed, clock=clock)
+            state = yield from self._publish(plan, state, static, audio, clock=clock)
             if checkpoints:
-                saved = replace(state, carries=tuple(s.saved_carry(c) for s, c in zip(self.generate, state.carries)),
-                                decode_carry=self.decode.saved_carry(state.decode_carry))
-                yield Checkpoint(plans_done=number + 1, last_plan=plan, state=saved)
+                yield self._checkpoint(number + 1, plan, state)
         if number + 1 < done:
             raise CannotResume("The saved chunk plan is longer than this audio, so the render cannot be resumed.")
         assert not state.pending and not state.anchors, "every frame published, every anchor used"
+
+    def _start(self, static: Any, resume: Checkpoint | None) -> tuple[RollingState, int]:
+        """The rolling state to begin with, and how many plan entries it has done."""
+        if resume is None:
+            return RollingState(carries=tuple(s.init_carry(static) for s in self.generate),
+                                decode_carry=self.decode.init_carry(static)), 0
+        state = resume.state
+        if len(state.carries) != len(self.generate):
+            raise CannotResume("The saved state does not fit this backend's stages, so the render cannot be resumed.")
+        state = replace(state, carries=tuple(s.restored_carry(c, static) for s, c in zip(self.generate, state.carries)),
+                        decode_carry=self.decode.restored_carry(state.decode_carry, static))
+        return state, resume.plans_done
+
+    def _plans(self, audio: AudioSource) -> Iterator[ChunkPlan]:
+        return iter_schedule(chunk_frames=self.sizes.chunk_frames, transition_frames=self.sizes.transition_frames,
+                             context_frames=self.sizes.context_frames, lead_frames=self.sizes.lead_frames,
+                             frames_upto=audio.probe)
+
+    def _fast_forward(self, plan: ChunkPlan, audio: AudioSource, *, last: ChunkPlan | None) -> None:
+        """A plan entry done before the resume point: only the audio moves on (``last``: the saved
+        checkpoint's plan, given for the last such entry, which must be this one)."""
+        if last is not None and plan != last:
+            raise CannotResume("The saved chunk plan does not match this audio and config, so the render cannot be resumed.")
+        audio.release(self.audio_kept_from(plan))
+
+    def _generate(self, plan: ChunkPlan, state: RollingState, static: Any, audio: AudioSource, *, seed: int,
+                  clock: Callable[[str], AbstractContextManager]) -> RollingState:
+        """One plan entry through the generation stages: its anchors kept, its final part queued for decode."""
+        with clock("audio"):
+            window = audio.model_audio(plan.start, plan.end, pad_s=self.audio_pad_s)
+        x: Any = ChunkInput(plan=plan, fps=self.fps, audio=window, audio_rate=self.audio_rate, audio_pad_s=self.audio_pad_s,
+                            anchors=tuple(state.anchors[f] for f in plan.anchors), seed=seed)
+        carries = list(state.carries)
+        for i, stage in enumerate(self.generate):
+            with clock(stage.name):
+                x, carries[i] = _run(stage, x, static=static, carry=carries[i], plan=plan)
+        generated: Generated = x
+        state = replace(state, carries=tuple(carries)).with_anchors({f: generated.anchor(f) for f in plan.keep}, drop=plan.anchors)
+        if plan.publish_end > plan.publish_start:
+            state = replace(state, pending=state.pending + (generated.segment(plan.publish_start, plan.publish_end),))
+        return state
+
+    def _publish(self, plan: ChunkPlan, state: RollingState, static: Any, audio: AudioSource, *,
+                 clock: Callable[[str], AbstractContextManager]) -> Generator[Published, None, RollingState]:
+        """Decode and yield every pending segment that is next in frame order; return the state after."""
+        T = self.sizes.transition_frames
+        while True:
+            state, segment = state.pop_ready()
+            if segment is None:
+                return state
+            frames, decode_carry = _run_timed(self.decode, segment, static=static, carry=state.decode_carry, plan=plan,
+                                              clock=clock)
+            state = replace(state, decode_carry=decode_carry)
+            with clock("audio"):
+                out_audio = audio.output_audio(segment.start, segment.end)
+            yield Published(plan=plan, start=frames.start, frames=frames.frames, audio=out_audio)
+            # I chunks reach back before what was published last: keep their audio.
+            audio.release(max(0, segment.start - T - 1 - math.ceil(self.audio_pad_s * self.fps)))
+
+    def _checkpoint(self, plans_done: int, plan: ChunkPlan, state: RollingState) -> Checkpoint:
+        saved = replace(state, carries=tuple(s.saved_carry(c) for s, c in zip(self.generate, state.carries)),
+                        decode_carry=self.decode.saved_carry(state.decode_carry))
+        return Checkpoint(plans_done=plans_done, last_plan=plan, state=saved)
+
+
+def _run(stage: Stage, x: Any, *, static: Any, carry: Any, plan: ChunkPlan) -> tuple[Any, Any]:
+    """``stage.run``, with a failure that names the stage and the chunk it was working on."""
+    try:
+        return stage.run(x, static=static, carry=carry)
+    except AvatarRenderError as exc:
+        exc.args = (f"{str(exc).rstrip('.')} (stage {stage.name}, chunk {plan.kind}{plan.index}).",)
+        raise
+    except Exception as exc:
+        raise StageFailed(stage.name, f"{plan.kind}{plan.index}", exc) from exc
+
+
+def _run_timed(stage: Stage, x: Any, *, static: Any, carry: Any, plan: ChunkPlan,
+               clock: Callable[[str], AbstractContextManager]) -> tuple[Any, Any]:
+    """``_run`` timed by ``clock``; a chain of stages in one slot (decode, then SR) stage by stage, each
+    under its own name and with its own carry."""
+    if not isinstance(stage, StageChain):
+        with clock(stage.name):
+            return _run(stage, x, static=static, carry=carry, plan=plan)
+    carries = list(carry)
+    for i, part in enumerate(stage.stages):
+        with clock(part.name):
+            x, carries[i] = _run(part, x, static=static, carry=carries[i], plan=plan)
+    return x, tuple(carries)
+
+
+class StageFailed(RuntimeError):
+    """An unexpected error inside a stage, with the stage's name and the chunk's."""
+
+    def __init__(self, stage: str, chunk: str, error: Exception) -> None:
+        super().__init__(f"stage {stage} failed on chunk {chunk}: {type(error).__name__}: {error}")
+        self.stage, self.chunk, self.error = stage, chunk, error

@@ -9,12 +9,19 @@ from typing import Any
 import numpy as np
 
 from avatar_render.config import Config
-from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
-from avatar_render.pipeline.stage import Stage
-from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment, StaticConditioning
 from avatar_render.face.detect import FaceDetector, find_face
 from avatar_render.face.fit import fit_to_frame
 from avatar_render.face.layout import fallback_layout
+from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
+from avatar_render.pipeline.stage import Stage
+from avatar_render.pipeline.types import (
+    ChunkInput,
+    Frames,
+    Generated,
+    RequestInput,
+    Segment,
+    StaticConditioning,
+)
 from avatar_render.preview.motion import (
     EYES,
     MOUTH,

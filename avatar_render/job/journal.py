@@ -8,6 +8,8 @@
 * ``chunks.jsonl``: one line per published chunk: frame range, SHA-256 of its raw RGB frames and of
   its audio samples.
 * ``lock``: held (flock) by the process that renders, so two never write one output.
+* ``.avatar-render-journal``: the marker written when the folder was made. A folder at the journal's
+  path without it (or a link) is somebody else's: it is refused, never written to or removed.
 
 A commit runs on the writer thread once the chunk's fragment is on disk: the state file is written
 (temporary name, then renamed), the chunk lines appended, then ``journal.json`` is replaced
@@ -31,12 +33,14 @@ from typing import Any, Optional
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files import NO_FOLLOW, create_new, open_own, replace_atomically
 from avatar_render.io.codecs import os_reason
 from avatar_render.io.writer import WriterPosition
 from avatar_render.pipeline.state import Checkpoint, Flat, flatten, unflatten
 from avatar_render.pipeline.types import Published
 
-FORMAT = 1
+FORMAT = 2  # 2: commits fall on GOP starts (byte-exact resume)
+MARKER = ".avatar-render-journal"
 NEUTRAL_KEYS = frozenset({"run.queue_chunks", "run.no_face"})  # config keys that cannot change the frames
 _WHOLE_HASH_MAX = 64 << 20  # inputs up to this size are hashed whole; larger ones by samples
 _BLOCK, _BLOCKS = 1 << 20, 16
@@ -131,16 +135,19 @@ class Journal:
 
     @classmethod
     def open(cls, directory: Path, *, create: bool) -> Optional[Journal]:
-        """Lock and read the journal in ``directory``; None when there is none and ``create`` is false."""
-        if not directory.is_dir():
+        """Lock and read the journal in ``directory``; None when there is none and ``create`` is false.
+        Anything at that path that this program did not make is refused."""
+        if not os.path.lexists(directory):
             if not create:
                 return None
             try:
                 directory.mkdir()
+                create_new(directory / MARKER).close()
             except OSError as exc:
                 raise AvatarRenderError(f"Could not create the resume journal '{directory}': {os_reason(exc)}.") from None
+        check_ours(directory)
         try:
-            fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | NO_FOLLOW, 0o644)
         except OSError as exc:
             raise AvatarRenderError(f"Could not open the resume journal '{directory}': {os_reason(exc)}.") from None
         try:
@@ -161,9 +168,9 @@ class Journal:
         """Start afresh: forget everything but the lock."""
         try:
             for entry in self.dir.iterdir():
-                if entry.name != "lock":
-                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-            (self.dir / "chunks.jsonl").write_bytes(b"")
+                if entry.name not in ("lock", MARKER):
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            _write_atomic(self.dir / "chunks.jsonl", b"")
             self.meta = {"format": FORMAT, "identity": ident, "commit": None}
             _write_atomic(self.dir / "journal.json", json.dumps(self.meta, indent=1).encode())
         except OSError as exc:
@@ -192,7 +199,7 @@ class Journal:
             arrays, meta = read_safetensors(self.dir / commit.state_file)
             checkpoint = unflatten(Flat(arrays=arrays, skeleton=json.loads(meta["skeleton"])))
             log = self.dir / "chunks.jsonl"
-            with open(log, "r+b") as f:
+            with open_own(log, "r+b") as f:
                 data = f.read(commit.log_bytes)
                 f.truncate(commit.log_bytes)
             records = [ChunkRecord(**json.loads(line)) for line in data.splitlines()]
@@ -214,7 +221,7 @@ class Journal:
         state_file = f"state-{plans_done:08d}.safetensors"
         try:
             write_safetensors(self.dir / state_file, flat.arrays, {"skeleton": json.dumps(flat.skeleton)})
-            with open(self.dir / "chunks.jsonl", "ab") as log:
+            with open_own(self.dir / "chunks.jsonl", "ab") as log:
                 if previous is None:
                     log.truncate(0)
                 log.write(b"".join(json.dumps(dataclasses.asdict(r)).encode() + b"\n" for r in records))
@@ -276,16 +283,22 @@ def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]
 
 
 def _write_atomic(path: Path, head: bytes, blobs: list[np.ndarray] = ()) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(head)
-            for blob in blobs:
-                f.write(blob.data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    def write(f) -> None:
+        f.write(head)
+        for blob in blobs:
+            f.write(blob.data)
+
+    replace_atomically(path, write)
+
+
+def check_ours(directory: Path) -> None:
+    """Refuse a journal path that holds something this program did not make (a link, a file, a
+    folder without the marker)."""
+    if directory.is_symlink() or not directory.is_dir():
+        raise AvatarRenderError(f"'{directory}' is in the way of the render's resume journal and was not made by it; move it away.")
+    marker = directory / MARKER
+    if marker.is_symlink() or not marker.is_file():
+        raise AvatarRenderError(f"The folder '{directory}' is in the way of the render's resume journal and was not made by it; move it away.")
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:

@@ -1,4 +1,4 @@
-"""Continuing an interrupted render, and putting a finished one in place safely."""
+"""Continuing an interrupted render: whether there is one to continue, and the audio its writer needs again."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import numpy as np
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.writer import replay_start
-from avatar_render.journal import Commit, Journal
+from avatar_render.job.journal import Commit, Journal
 from avatar_render.pipeline.pipeline import Pipeline
 from avatar_render.pipeline.state import Checkpoint
 
 
 def prior_commit(journal: Journal | None, *, output: Path, partial: Path, resume: bool, force: bool, fps: Fraction) -> Commit | None:
     """The commit to resume from, or None to start afresh; refuses to throw an interrupted render away unasked."""
-    if journal is None or not partial.exists():
+    if journal is None or not os.path.lexists(partial):
         return None  # nothing, or a stale journal that begin() clears
     if journal.damaged:
         if resume:
@@ -55,20 +55,3 @@ def replay_audio(audio: AudioReader, checkpoint: Checkpoint, prior: Commit, pipe
     if not 0 <= offset <= block.shape[1]:
         raise AvatarRenderError("The resume journal does not match the audio, so the render cannot be resumed; start over with --force.")
     return block[:, offset:]
-
-
-def move_into_place(src: Path, dst: Path, *, partial: Path, force: bool) -> None:
-    """Rename ``src`` to ``dst``; without ``force`` never over a file that appeared meanwhile."""
-    if force:
-        os.replace(src, dst)
-        return
-    try:
-        os.link(src, dst)  # fails if dst exists, unlike rename
-    except FileExistsError:
-        raise AvatarRenderError(f"'{dst}' was created by something else during the render and is kept; the new video is in '{partial}'.") from None
-    except OSError:  # no hard links here
-        if dst.exists():
-            raise AvatarRenderError(f"'{dst}' was created by something else during the render and is kept; the new video is in '{partial}'.") from None
-        os.replace(src, dst)
-    else:
-        src.unlink()

@@ -29,13 +29,13 @@ class RenderStopped(Exception):
 
     @property
     def message(self) -> str:
-        how = "at once" if self.at_once else "after the current chunk"
+        how = "at once" if self.at_once else "at a keyframe"
         if not self.frames:
             return f"Stopped {how}, before the first chunk was written; nothing to resume."
         if self.at_once:  # the file may hold chunks past the journal's last record
             return (f"Stopped at once: '{self.partial}' plays up to its last complete chunk; run the same command "
                     f"with --resume to continue from frame {self.frames} ({self.seconds:.1f} s).")
-        return (f"Stopped after the current chunk: '{self.partial}' holds the first {self.frames} frames "
+        return (f"Stopped at a keyframe: '{self.partial}' holds the first {self.frames} frames "
                 f"({self.seconds:.1f} s); run the same command with --resume to continue.")
 
 

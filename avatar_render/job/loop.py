@@ -1,0 +1,229 @@
+"""The chunk loop of the writing process: from the writer's creation to the output moved into place.
+
+Each published chunk goes to the MP4 writer and is hashed beside the loop; each checkpoint is
+committed to the journal by the writer thread once its frames are on disk. A stop request ends the
+loop at the next checkpoint; a failure keeps what was committed for ``--resume`` (or removes the
+partial output when nothing was)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial as bind
+from pathlib import Path
+from typing import Callable, Optional
+
+from omegaconf import OmegaConf
+
+from avatar_render.errors import AvatarRenderError
+from avatar_render.io.writer import (
+    Mp4Writer,
+    WriterPosition,
+    WriterResume,
+    WriterSpec,
+    WriterStats,
+    remux_faststart,
+)
+from avatar_render.job.journal import ChunkRecord, Commit, Journal, snapshot
+from avatar_render.job.output import move_into_place, partial_path
+from avatar_render.job.resume import replay_audio
+from avatar_render.job.setup import Prepared
+from avatar_render.job.stop import RenderStopped, StopNow
+from avatar_render.job.types import Progress, RenderReport, RenderRequest
+from avatar_render.pipeline.state import CannotResume, Checkpoint, Flat
+from avatar_render.pipeline.types import Published
+from avatar_render.telemetry import Telemetry, peak_gpu_mb, peak_rss_mb, write_report
+
+_HASHING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chunk-hash")  # the journal's frame hashes
+Point = tuple[Checkpoint, list[ChunkRecord]]  # where a resumed render goes on from, and the chunks before it
+Hashed = list[tuple[Future[ChunkRecord], dict]]  # chunks published since the last checkpoint: record (being hashed), telemetry stamp
+
+
+@dataclass
+class _Tally:
+    """What has been published so far (this run's and, when resumed, the interrupted run's)."""
+
+    frames: int = 0
+    samples: int = 0  # output audio samples
+    chunks: int = 0
+    resumed: int = 0  # frames the interrupted run had published
+    first_frame_s: Optional[float] = None  # this run's first publication, from the inputs being ready
+
+    @staticmethod
+    def after(prior: Optional[Commit]) -> _Tally:
+        if prior is None:
+            return _Tally()
+        return _Tally(frames=prior.frames, samples=prior.audio_samples, chunks=prior.chunks, resumed=prior.frames)
+
+
+class ChunkLoop:
+    def __init__(self, request: RenderRequest, job: Prepared, telemetry: Telemetry, journal: Journal, *,
+                 on_progress: Optional[Callable[[Progress], None]], should_stop: Callable[[], bool]) -> None:
+        self.request, self.cfg, self.job = request, request.config, job
+        self.telemetry, self.journal = telemetry, journal
+        self.on_progress, self.should_stop = on_progress, should_stop
+        self.output = Path(request.output)
+        self.partial = partial_path(self.output)
+        self.t_ready = 0.0
+
+    def run(self, point: Optional[Point], prior: Optional[Commit]) -> RenderReport:
+        self.t_ready = self.telemetry.elapsed()
+        for r in point[1] if point else ():
+            self.telemetry.chunk_done(**dataclasses.asdict(r), from_journal=True)
+        tally = _Tally.after(prior)
+        if self.should_stop():
+            raise self._stopped(at_once=False)
+        writer = self._open_writer(point[0] if point else None, prior)
+        try:
+            uncommitted = self._generate(writer, point[0] if point else None, tally)
+            stats = self._finish(writer, uncommitted)
+        except BaseException as exc:
+            writer.abort()  # (nothing left to do once closed)
+            explained = self._explain(exc)
+            if explained is exc:
+                raise
+            raise explained from None
+        self.partial.unlink(missing_ok=True)
+        self.journal.discard()
+        return self._report(stats, tally)
+
+    def _open_writer(self, checkpoint: Optional[Checkpoint], prior: Optional[Commit]) -> Mp4Writer:
+        cfg, info = self.cfg, self.job.audio.info
+        spec = WriterSpec(
+            path=self.partial, width=cfg.video.width, height=cfg.video.height, fps=cfg.fps,
+            crf=cfg.video.crf, preset=cfg.video.preset, audio_rate=info.output_rate, audio_channels=info.output_channels,
+            audio_bitrate=cfg.video.audio_bitrate, queue_chunks=cfg.run.queue_chunks, gop_seconds=cfg.video.gop_seconds,
+        )
+        try:
+            if prior is None:
+                return Mp4Writer(spec)
+            replay = replay_audio(self.job.audio, checkpoint, prior, self.job.pipeline)
+            try:
+                return Mp4Writer(spec, resume=WriterResume(position=prior.writer, replay=replay))
+            except AvatarRenderError as exc:
+                raise AvatarRenderError(f"{str(exc).rstrip('.')}; start over with --force instead of --resume.") from None
+        except BaseException:
+            self._forget_if_empty()
+            raise
+
+    def _generate(self, writer: Mp4Writer, checkpoint: Optional[Checkpoint], tally: _Tally) -> Hashed:
+        """The pipeline's chunks to the writer, its checkpoints to the journal, until the end or a stop;
+        returns the chunks published after the last commit.
+
+        A checkpoint is committed only where the writer opens a GOP (fresh encoders), so that a render
+        resumed from it writes the bytes of the uninterrupted one; a stop waits for the next of those."""
+        hashed: Hashed = []
+        stream = self.job.pipeline.stream(self.job.static, self.job.audio, seed=self.cfg.seed, clock=self.telemetry.stage,
+                                          resume=checkpoint, checkpoints=True)
+        for item in stream:
+            if isinstance(item, Published):
+                hashed.append(self._publish(writer, item, tally))
+                continue
+            if not writer.boundary():
+                continue
+            with self.telemetry.stage("journal"):
+                writer.mark(bind(self._commit, snapshot(item), hashed, plans_done=item.plans_done,
+                                 frames=tally.frames, audio_samples=tally.samples))
+            hashed = []
+            if self.should_stop() and not item.last_plan.last:  # (after the last plan, finishing is cheaper)
+                writer.close(faststart=False)
+                raise self._stopped(at_once=False)
+        return hashed
+
+    def _publish(self, writer: Mp4Writer, item: Published, tally: _Tally) -> tuple[Future[ChunkRecord], dict]:
+        telemetry = self.telemetry
+        with telemetry.stage("write"):
+            writer.put(item.frames, item.audio)
+        with telemetry.stage("journal"):
+            record = _HASHING.submit(ChunkRecord.of, item)  # beside the chunk loop and the writer
+        if tally.first_frame_s is None:
+            tally.first_frame_s = telemetry.elapsed() - self.t_ready
+        tally.frames, tally.samples, tally.chunks = item.end, tally.samples + item.audio.shape[1], tally.chunks + 1
+        if self.on_progress is not None:
+            self.on_progress(Progress(chunks_done=tally.chunks, frames_done=tally.frames, frames_total=self._total(tally),
+                                      elapsed_s=telemetry.elapsed() - self.t_ready, fps=float(self.cfg.fps),
+                                      frames_resumed=tally.resumed))
+        return record, telemetry.chunk_stamp()
+
+    def _total(self, tally: _Tally) -> Optional[int]:
+        """Frames in the whole video: exact once the audio is read to its end, else the container's estimate."""
+        audio = self.job.audio
+        if audio.total_frames:
+            return audio.total_frames
+        if audio.info.estimated_seconds is None:
+            return None
+        return max(math.ceil(audio.info.estimated_seconds * self.cfg.fps), tally.frames)
+
+    def _commit(self, flat: Flat, hashed: Hashed, position: WriterPosition, **counts: int) -> None:
+        """On the writer thread, once the checkpoint's frames are on disk: record its chunks and commit it."""
+        records = [future.result() for future, _ in hashed]
+        for record, (_, stamp) in zip(records, hashed):
+            self.telemetry.chunk_done(stamp=stamp, **dataclasses.asdict(record))
+        self.journal.commit(flat, records, position, **counts)
+
+    def _finish(self, writer: Mp4Writer, uncommitted: Hashed) -> WriterStats:
+        """The last fragments written, the file copied into a regular MP4 and moved into place;
+        ``uncommitted``: the chunks after the last commit, recorded in the telemetry only."""
+        with self.telemetry.stage("write"):
+            stats = writer.close(faststart=False)
+        for future, stamp in uncommitted:
+            self.telemetry.chunk_done(stamp=stamp, **dataclasses.asdict(future.result()))
+        with self.telemetry.stage("write"):
+            complete = self.journal.dir / "complete.mp4"
+            remux_faststart(self.partial, complete)
+        move_into_place(complete, self.output, partial=self.partial, force=self.request.force)
+        return stats
+
+    def _explain(self, exc: BaseException) -> BaseException:
+        """What the caller is told about a loop that ended early (``exc`` itself when nothing is to add)."""
+        if isinstance(exc, RenderStopped):
+            return exc
+        if isinstance(exc, StopNow):
+            return self._stopped(at_once=True)
+        if isinstance(exc, CannotResume):
+            return AvatarRenderError(f"{str(exc).rstrip('.')}; start over with --force instead of --resume.")
+        if self._forget_if_empty() or not isinstance(exc, AvatarRenderError):
+            return exc
+        done = self.journal.commit_info.frames
+        return AvatarRenderError(f"{str(exc).rstrip('.')}; once that is fixed, run the same command with --resume to continue from frame {done}.")
+
+    def _forget_if_empty(self) -> bool:
+        """Remove the partial file and the journal when no frame was committed (nothing worth keeping)."""
+        commit = self.journal.commit_info
+        if commit is not None and commit.frames:
+            return False
+        self.partial.unlink(missing_ok=True)
+        self.journal.discard()
+        return True
+
+    def _stopped(self, *, at_once: bool) -> RenderStopped:
+        self._forget_if_empty()
+        commit = self.journal.commit_info
+        frames = commit.frames if commit else 0
+        return RenderStopped(output=self.output, partial=self.partial, frames=frames,
+                             seconds=float(frames / self.cfg.fps), at_once=at_once)
+
+    def _report(self, stats: WriterStats, tally: _Tally) -> RenderReport:
+        cfg, telemetry = self.cfg, self.telemetry
+        wall = telemetry.elapsed()
+        gen_s = max(wall - self.t_ready, 1e-9)
+        duration = tally.samples / self.job.audio.info.output_rate
+        on_disk = None if stats.first_frame_on_disk_s is None else round(stats.first_frame_on_disk_s - telemetry.t0 - self.t_ready, 4)
+        report = RenderReport(
+            output=str(self.output), frames=tally.frames, fps=float(cfg.fps), width=cfg.video.width, height=cfg.video.height,
+            duration_s=round(duration, 4), num_chunks=tally.chunks, face_detected=self.job.static.face_detected,
+            inputs_s=round(self.t_ready, 4), time_to_first_frame_s=round(tally.first_frame_s or 0.0, 4), first_frame_on_disk_s=on_disk,
+            wall_s=round(wall, 4), generated_fps=round((tally.frames - tally.resumed) / gen_s, 2),
+            realtime_factor=round((duration - tally.resumed / float(cfg.fps)) / wall, 3),
+            peak_rss_mb=round(peak_rss_mb(), 1), stage_s={k: round(v, 4) for k, v in telemetry.stage_seconds.items()},
+            resumed_frames=tally.resumed, peak_gpu_mb=None if (gpu := peak_gpu_mb()) is None else round(gpu, 1),
+        )
+        if self.request.report is not None:
+            summary = {**dataclasses.asdict(report), "config": OmegaConf.to_container(OmegaConf.structured(cfg))}
+            try:
+                write_report(Path(self.request.report), summary, telemetry.records())
+            except OSError as e:
+                raise AvatarRenderError(f"Cannot write the report '{self.request.report}': {e.strerror or e}.") from None
+        return report

@@ -1,0 +1,113 @@
+"""The render of the writing process: its checks, the journal, the set-up and the chunk loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+from omegaconf import OmegaConf
+
+from avatar_render.distributed.launch import broadcast
+from avatar_render.distributed.mesh import Mesh
+from avatar_render.errors import AvatarRenderError
+from avatar_render.job.journal import (
+    ChunkRecord,
+    Commit,
+    Journal,
+    identity,
+    journal_path,
+)
+from avatar_render.job.loop import ChunkLoop
+from avatar_render.job.output import check_not_inputs, check_output, check_partial, check_report, finished_before, partial_path
+from avatar_render.job.resume import prior_commit
+from avatar_render.job.setup import prepared
+from avatar_render.job.types import OnMessage, Progress, RenderReport, RenderRequest
+from avatar_render.pipeline.state import Checkpoint
+from avatar_render.pipeline.types import StaticConditioning
+from avatar_render.telemetry import Telemetry
+
+
+def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry, on_progress: Optional[Callable[[Progress], None]],
+            on_message: OnMessage, should_stop: Callable[[], bool]) -> RenderReport:
+    """Everything is checked that can be before the models load; the journal then says whether this
+    render starts afresh or goes on from an interrupted one (the resume point is handed to the other
+    processes of a launch)."""
+    cfg = request.config
+    output = Path(request.output)
+    if finished_before(output):
+        on_message("info", f"'{output}' was complete; the files its render had left beside it are removed.")
+        if request.resume:
+            return _finished_report(output, cfg)
+    check_output(output, force=request.force)
+    report = None if request.report is None else Path(request.report)
+    check_report(report, output, force=request.force)
+    written = {"output": output, "partial file": partial_path(output), "resume journal": journal_path(output)}
+    inputs = {"reference": Path(request.reference), "audio": Path(request.audio)}
+    if request.config_file is not None:
+        inputs["config"] = Path(request.config_file)
+    check_not_inputs(inputs,
+                     {**written, **({"report": report} if report else {})})
+    journal = Journal.open(journal_path(output), create=False)
+    try:
+        check_partial(output, journal)
+        prior = prior_commit(journal, output=output, partial=partial_path(output), resume=request.resume,
+                             force=request.force, fps=cfg.fps)
+        with prepared(cfg, Path(request.reference), Path(request.audio), mesh, clock=telemetry.stage) as job:
+            for note in job.pipeline.notes:
+                on_message("warning", note)
+            _check_face(job.static, request, on_message)
+            journal, point = _start(journal, request, prior, telemetry, on_message)
+            broadcast(mesh, point[0] if point else None)
+            loop = ChunkLoop(request, job, telemetry, journal, on_progress=on_progress, should_stop=should_stop)
+            return loop.run(point, prior)
+    finally:
+        if journal is not None:
+            journal.close()
+
+
+def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[Commit], telemetry: Telemetry,
+           on_message: OnMessage) -> tuple[Journal, Optional[tuple[Checkpoint, list[ChunkRecord]]]]:
+    """The journal to write, and the point to go on from (None: from the beginning)."""
+    cfg, output = request.config, Path(request.output)
+    with telemetry.stage("inputs"):
+        ident = identity(OmegaConf.to_container(OmegaConf.structured(cfg)), Path(request.reference), Path(request.audio))
+    if prior is not None:
+        why = journal.mismatch(ident)
+        if why:
+            raise AvatarRenderError(f"Cannot resume '{output}': {why} (resume with the same inputs and config, or start over with --force instead of --resume).")
+        point = journal.resume_point()
+        on_message("info", f"Resuming '{output}' from frame {prior.frames} ({float(prior.frames / cfg.fps):.1f} s).")
+        return journal, point
+    if request.resume:
+        on_message("info", f"Nothing to resume for '{output}'; starting from the beginning.")
+    journal = journal or Journal.open(journal_path(output), create=True)
+    partial_path(output).unlink(missing_ok=True)  # (only ever this journal's: check_partial)
+    journal.begin(ident)
+    return journal, None
+
+
+def _check_face(static: StaticConditioning, request: RenderRequest, on_message: OnMessage) -> None:
+    cfg = request.config
+    if static.face_detected or cfg.face.box is not None:
+        return
+    if cfg.run.no_face == "error":
+        raise AvatarRenderError(
+            f"No face was found in the reference '{Path(request.reference).name}'; place it with "
+            "face.box=[x,y,w,h], or pass run.no_face=warn to go on with the face assumed at the centre."
+        )
+    on_message("warning", "no face was found in the reference; the face was assumed at the image centre (set face.box to place it).")
+
+
+def _finished_report(output: Path, cfg) -> RenderReport:
+    """The report of a render found finished: what the file holds (nothing was rendered now)."""
+    import av
+
+    with av.open(str(output)) as c:
+        video = c.streams.video[0]
+        frames = video.frames
+        audio = c.streams.audio[0] if c.streams.audio else None
+        seconds = float(audio.duration * audio.time_base) if audio is not None and audio.duration else frames / float(cfg.fps)
+    return RenderReport(output=str(output), frames=frames, fps=float(cfg.fps), width=video.width, height=video.height,
+                        duration_s=round(seconds, 4), num_chunks=0, face_detected=True, inputs_s=0.0, time_to_first_frame_s=0.0,
+                        first_frame_on_disk_s=None, wall_s=0.0, generated_fps=0.0, realtime_factor=0.0, peak_rss_mb=0.0,
+                        stage_s={}, resumed_frames=frames)

@@ -1,0 +1,80 @@
+"""The set-up of one request, the same in every process of a launch (and in the benchmarks): the
+backend's pipeline, the inputs opened, the static conditioning computed."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from avatar_render.config import Config
+from avatar_render.distributed.launch import broadcast
+from avatar_render.distributed.mesh import Mesh
+from avatar_render.errors import AvatarRenderError
+from avatar_render.io.audio import AudioReader
+from avatar_render.io.reference import load_reference
+from avatar_render.pipeline.pipeline import Pipeline
+from avatar_render.pipeline.types import RequestInput, StaticConditioning
+from avatar_render.preview.engine import build_preview
+
+Clock = Callable[[str], AbstractContextManager]
+
+
+def build_pipeline(cfg: Config, mesh: Mesh) -> Pipeline:
+    """The pipeline of ``cfg.backend`` for this process of the launch ``mesh`` describes."""
+    if cfg.backend == "preview":
+        return build_preview(cfg)
+    if cfg.backend == "infinitetalk":
+        try:
+            from avatar_render.infinitetalk.engine import build_infinitetalk
+        except ImportError as e:
+            raise AvatarRenderError(
+                f"The infinitetalk backend needs PyTorch, diffusers and transformers ({e.name} is missing): "
+                "pip install -e '.[model]' after installing torch for your hardware."
+            ) from None
+        return build_infinitetalk(cfg, mesh)
+    raise AvatarRenderError(f"Backend '{cfg.backend}' is not available.")
+
+
+def request_input(cfg: Config, reference: np.ndarray, reference_path: Path) -> RequestInput:
+    """What the init stage needs of one request: the reference image, the frame size and the seed."""
+    return RequestInput(reference=reference, reference_path=Path(reference_path),
+                        width=cfg.video.width, height=cfg.video.height, seed=cfg.seed)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready for its chunk loop."""
+
+    pipeline: Pipeline
+    static: StaticConditioning  # the static conditioning, kept for the whole request
+    audio: AudioReader  # open; read as the chunk loop goes
+
+
+@contextmanager
+def prepared(cfg: Config, reference: Path, audio: Path, mesh: Mesh, *,
+             clock: Clock = lambda name: nullcontext()) -> Iterator[Prepared]:
+    """Build the pipeline, open the inputs and compute the static conditioning; the audio stays open
+    inside the block. ``clock(name)`` times the parts ("inputs", "init")."""
+    pipeline = build_pipeline(cfg, mesh)
+    with clock("inputs"):
+        image = load_reference(reference)
+        reader = AudioReader(audio, fps=cfg.fps, model_rate=pipeline.audio_rate)
+    with reader:
+        with clock("init"):
+            static = pipeline.prepare(request_input(cfg, image, reference))
+        del image
+        yield Prepared(pipeline=pipeline, static=static, audio=reader)
+
+
+def follow(cfg: Config, reference: Path, audio: Path, mesh: Mesh) -> None:
+    """The chunk loop of a process that does not write: the same pipeline, inputs and seed as the
+    writing process, so that its collectives (FSDP all-gathers, sequence-parallel all-to-alls) match,
+    from the resume point the writing process hands over; its frames are dropped."""
+    with prepared(cfg, reference, audio, mesh) as job:
+        resume = broadcast(mesh, None)
+        for _ in job.pipeline.stream(job.static, job.audio, seed=cfg.seed, resume=resume):
+            pass

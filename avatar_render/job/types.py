@@ -1,0 +1,55 @@
+"""What a caller gives a render and what it gets back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal, Optional
+
+from avatar_render.config import Config
+
+OnMessage = Callable[[Literal["info", "warning"], str], None]
+
+
+@dataclass(frozen=True)
+class RenderRequest:
+    reference: Path
+    audio: Path
+    output: Path
+    config: Config = field(default_factory=Config)
+    force: bool = False  # replace an existing output file; discard an interrupted render's partial output
+    report: Optional[Path] = None  # write a JSON report here
+    resume: bool = False  # go on from an interrupted render's journal (start afresh when there is none)
+    config_file: Optional[Path] = None  # the YAML file the config came from, if any (an input: never written over)
+
+
+@dataclass(frozen=True)
+class Progress:
+    chunks_done: int
+    frames_done: int
+    frames_total: Optional[int]  # exact once the audio has been read to its end, else an estimate (or None)
+    elapsed_s: float  # since the inputs were ready
+    fps: float  # output frame rate
+    frames_resumed: int = 0  # of frames_done, those an earlier, interrupted run rendered
+
+
+@dataclass(frozen=True)
+class RenderReport:
+    output: str
+    frames: int
+    fps: float
+    width: int
+    height: int
+    duration_s: float  # of the audio, hence of the video
+    num_chunks: int  # chunks published (the report's "chunks" list has one record each)
+    face_detected: bool
+    inputs_s: float  # reading the inputs and the static conditioning
+    time_to_first_frame_s: float  # from the inputs being ready to the first frame published to the writer
+    first_frame_on_disk_s: Optional[float]  # from the inputs being ready to the first fragment on disk
+    wall_s: float  # whole job, inputs included
+    generated_fps: float  # frames / (wall time after the inputs were ready)
+    realtime_factor: float  # video seconds per wall second (> 1 is faster than real time)
+    peak_rss_mb: float
+    stage_s: dict[str, float]
+    resumed_frames: int = 0  # frames taken over from an interrupted run (not counted in the speeds)
+    peak_gpu_mb: Optional[float] = None  # GPU memory allocated at the peak (this process), None without a GPU

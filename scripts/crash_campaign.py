@@ -1,0 +1,189 @@
+"""Crash campaign: a render killed with SIGKILL at many moments, resumed each time, must end as the
+very bytes of the uninterrupted render.
+
+Each trial starts the render, kills it (the whole process group: under torchrun every process) one
+to three times - at a random moment of the generation, during the final copy into a regular MP4, or
+while the finished file is moved into place - running ``--resume`` after each kill, then lets the
+last ``--resume`` finish and compares the MP4 with the uninterrupted render, byte for byte:
+
+    python scripts/crash_campaign.py --trials 20 --seconds 150
+    python scripts/crash_campaign.py --trials 5 --seconds 12 --torchrun 2 -c configs/tiny.yaml
+
+It prints one line per trial and ``N of N trials resumed to a byte-identical MP4``; it exits with 1
+if any did not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("generation", "copy", "move")
+
+# The CLI, killed (SIGKILL, its whole process group) right after the finished file is linked into place.
+KILL_IN_MOVE = """
+import os, signal, sys
+from avatar_render.job import loop
+def move(src, dst, **kw):
+    os.link(src, dst)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+loop.move_into_place = move
+from avatar_render.cli import main
+sys.argv = ["avatar-render", *sys.argv[1:]]
+main()
+"""
+
+
+def long_speech(src: Path, dst: Path, seconds: float) -> None:
+    """``src`` (a WAV) repeated to ``seconds``."""
+    with wave.open(str(src)) as w:
+        params, data = w.getparams(), w.readframes(w.getnframes())
+    frame = params.sampwidth * params.nchannels
+    need = int(seconds * params.framerate) * frame
+    with wave.open(str(dst), "wb") as out:
+        out.setparams(params)
+        out.writeframes((data * (need // len(data) + 1))[:need])
+
+
+class Campaign:
+    def __init__(self, work: Path, args: argparse.Namespace) -> None:
+        self.work, self.a = work, args
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        self.audio = work / "speech.wav"
+        long_speech(args.audio, self.audio, args.seconds)
+        self.rng = random.Random(args.seed)
+
+    def command(self, output: Path, *extra: str, driver: str | None = None) -> list[str]:
+        cli = ["render", "--ref", str(self.a.ref), "--audio", str(self.audio), "-o", str(output), "-q", *extra]
+        if self.a.config:
+            cli += ["-c", str(self.a.config)]
+        cli += self.a.overrides
+        if driver is not None:
+            script = self.work / "driver.py"
+            script.write_text(driver)
+            target = [str(script)]
+        else:
+            target = ["-m", "avatar_render"]
+        if self.a.torchrun:
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.a.torchrun)]
+            return [*launcher, *(target if driver else ["-m", "avatar_render"]), *cli]
+        return [sys.executable, *target, *cli]
+
+    def start(self, cmd: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(cmd, cwd=self.work, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)  # its own process group, killed as a whole
+
+    def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, cwd=self.work, env=self.env, capture_output=True, text=True)
+
+    def reference(self) -> tuple[str, float]:
+        out = self.work / "reference.mp4"
+        t = time.monotonic()
+        done = self.run(self.command(out))
+        if done.returncode:
+            sys.exit(f"the uninterrupted render failed: {done.stderr.strip()}")
+        return sha256(out), time.monotonic() - t
+
+    def kill_once(self, output: Path, kind: str, duration: float, resume: bool) -> str:
+        """Start (or resume) the render, kill it as ``kind`` says; what happened, in words."""
+        extra = ("--resume",) if resume else ()
+        if kind == "move":
+            proc = self.start(self.command(output, *extra, driver=KILL_IN_MOVE))
+            proc.wait()
+            return f"killed while moving into place (exit {proc.returncode})"
+        proc = self.start(self.command(output, *extra))
+        journal = output.with_name(output.name + ".journal")
+        if kind == "copy":  # the final copy writes complete.remux.mp4 in the journal, then renames it
+            deadline = time.monotonic() + 10 * duration
+            while proc.poll() is None and time.monotonic() < deadline:
+                if (journal / "complete.remux.mp4").exists() or (journal / "complete.mp4").exists():
+                    break
+                time.sleep(0.0005)
+        else:
+            time.sleep(self.rng.uniform(0.1, 0.95) * duration)
+        alive = proc.poll() is None
+        if alive:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if not alive:
+            return f"{kind}: finished before the kill (exit {proc.returncode})"
+        return f"killed during {kind} ({committed(journal)} frames committed)"
+
+    def trial(self, i: int, want: str, duration: float) -> bool:
+        output = self.work / f"trial{i}.mp4"
+        journal = output.with_name(output.name + ".journal")
+        events = []
+        for k in range(self.rng.randint(1, 3)):
+            kind = want if k == 0 else self.rng.choice(KINDS)
+            events.append(self.kill_once(output, kind, duration, resume=k > 0))
+            if kind == "move" or (output.exists() and not journal.exists()):  # nothing left to interrupt
+                break
+        finished = output.exists() and not journal.exists()  # a resume ran to its end before the next kill
+        done = self.run(self.command(output, "--resume")) if not finished else subprocess.CompletedProcess([], 0, "", "")
+        same = done.returncode == 0 and output.is_file() and sha256(output) == self.expected
+        leftovers = [p.name for p in self.work.glob(f"trial{i}.*") if p.name != output.name]
+        verdict = "byte-identical" if same and not leftovers else f"DIFFERENT (exit {done.returncode}, leftovers {leftovers}) {done.stderr.strip()}"
+        print(f"trial {i + 1:2d}: " + "; ".join(events) + f"; resumed: {verdict}", flush=True)
+        output.unlink(missing_ok=True)
+        return same and not leftovers
+
+    def go(self) -> int:
+        self.expected, duration = self.reference()
+        print(f"uninterrupted render: {duration:.1f} s, sha256 {self.expected[:16]}...", flush=True)
+        kinds = [("generation", "copy", "generation", "move", "generation")[j % 5] for j in range(self.a.trials)]
+        matched = sum(self.trial(i, kind, duration) for i, kind in enumerate(kinds))
+        print(f"{matched} of {self.a.trials} trials resumed to a byte-identical MP4")
+        return 0 if matched == self.a.trials else 1
+
+
+def committed(journal: Path) -> int:
+    """Frames the journal's last commit holds (0 when there is none yet)."""
+    try:
+        return int(json.loads((journal / "journal.json").read_text())["commit"]["frames"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--seconds", type=float, default=150.0, help="length of the audio (examples/talk.wav repeated)")
+    ap.add_argument("--ref", type=Path, default=ROOT / "examples" / "face.png")
+    ap.add_argument("--audio", type=Path, default=ROOT / "examples" / "talk.wav", help="a WAV file")
+    ap.add_argument("-c", "--config", type=Path)
+    ap.add_argument("--torchrun", type=int, default=0, help="processes of a torchrun launch (0: one process)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    ap.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    a = ap.parse_args()
+    a.ref, a.audio = a.ref.resolve(), a.audio.resolve()
+    a.config = a.config.resolve() if a.config else None
+    work = Path(tempfile.mkdtemp(prefix="crash-campaign-"))
+    try:
+        code = Campaign(work, a).go()
+    finally:
+        if a.keep:
+            print(f"work folder kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
