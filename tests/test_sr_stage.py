@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from avatar_render.api import RenderRequest, build_pipeline, render
+from avatar_render.api import RenderRequest, render
+from avatar_render.distributed.mesh import single
+from avatar_render.job.setup import build_pipeline as build_for
 from avatar_render.config import load_config
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.sr import SRStage, to_unit, unit_to_uint8, upscale
@@ -27,6 +29,10 @@ from tests.media import speech_like, write_audio
 from tests.sr_assets import write_swiftvr, write_vae2x
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_pipeline(cfg):
+    return build_for(cfg, single())
 
 
 def sr_config(*overrides):
@@ -104,6 +110,7 @@ def chunk_loop(cfg, pipe, face: Path, audio_path: Path):
     return run
 
 
+@pytest.mark.slow
 def test_sr_loop_resumes_exactly_across_chunks_and_seams(tmp_path, face_png):
     cfg = sr_config("chunk.transition_frames=8")
     run = chunk_loop(cfg, build_pipeline(cfg), face_png, write_audio(tmp_path / "a.wav", speech_like(3.0, 16000, seed=2), 16000))
@@ -120,6 +127,7 @@ def test_sr_loop_resumes_exactly_across_chunks_and_seams(tmp_path, face_png):
         assert all(np.array_equal(a.frames, b.frames) for a, b in zip(got, want))
 
 
+@pytest.mark.slow
 def test_long_sr_render_runs_in_constant_memory(tmp_path, face_png):
     """10 s through the tiny SR backend: what a checkpoint keeps stops growing once the SR's windows
     are full, and the process's memory does not follow the number of frames rendered."""
@@ -251,6 +259,7 @@ def test_sr_dit_streamed_from_host_memory_gives_the_resident_frames(tmp_path, fa
     assert len(frames["resident"]) == 2 and all(np.array_equal(a, b) for a, b in zip(frames["resident"], frames["offloaded"]))
 
 
+@pytest.mark.slow
 def test_two_processes_render_the_single_process_sr_frames(tmp_path):
     """Under torchrun (gloo) the SR DiT is sharded (FSDP2) and every process restores the same frames;
     process 0 alone writes them."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from avatar_render.face.identity import CROP, face_descriptor  # noqa: F401 - its home is face/
+from avatar_render.face.identity import CROP, face_descriptor  # noqa: F401 - (moved to face/)
 from avatar_render.metrics.regions import Reference, luma, patch
 from avatar_render.metrics.series import OverTime, Track
 
