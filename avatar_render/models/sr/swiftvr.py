@@ -11,7 +11,6 @@ Without a folder both get random weights (the tiny test backend, full-size speed
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -161,7 +160,3 @@ def config_for(size: str) -> tuple[ReaeConfig, SwiftDiTConfig]:
     if size == "tiny":
         return ReaeConfig.tiny(), SwiftDiTConfig.tiny()
     return ReaeConfig(), SwiftDiTConfig()
-
-
-def with_window(config: SwiftDiTConfig, window: tuple[int, int]) -> SwiftDiTConfig:
-    return dataclasses.replace(config, window=window)
