@@ -14,11 +14,11 @@ from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from avatar_render.errors import AvatarRenderError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Render long talking-avatar videos from a reference image and an audio track.")
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("-c", "--config", help="YAML config (default: the embedded preview config).")]
@@ -235,9 +235,9 @@ def doctor(overrides: OverridesArg = None, config: ConfigOpt = None, debug: Debu
         from avatar_render.doctor import diagnose
 
         cfg = _load_config(out, config, overrides) if (config or overrides) else None
-        table = Table("group", "item", "ok", "detail")
+        table = Table("group", "item", "ok", Column("detail", overflow="fold"))  # fold: long paths stay whole
         for c in diagnose(cfg):
-            table.add_row(c.group, c.name, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail)
+            table.add_row(escape(c.group), escape(c.name), "[green]yes[/]" if c.ok else "[red]no[/]", escape(c.detail))
         out.table(table)
 
     _guard(out, debug, run)

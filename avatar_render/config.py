@@ -6,16 +6,20 @@ The defaults here are the embedded ``preview`` configuration; ``configs/preview.
 from __future__ import annotations
 
 import dataclasses
+import io
+import math
 import warnings
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Optional
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files import regular_file, shown
 
 BACKENDS = ("preview", "infinitetalk")
 MODEL_SIZES = ("tiny", "14b")
@@ -23,6 +27,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 CONTEXT_MODES = ("latents", "reencode")
 SR_MODES = ("none", "vae2x", "swiftvr")
 SR_FIDELITY = ("lowres", "vae2x")
+PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
+MAX_SEED = 2**64 - 1  # the largest seed torch.Generator.manual_seed takes
+MAX_SIDE = 16384  # libx264's largest frame width or height
+_EVEN_SIDE = f"an even number from 16 to {MAX_SIDE}"
+_MAX_YAML_BYTES = 1 << 20  # a config file is a few hundred bytes; anything this large is the wrong file
 
 
 @dataclass(frozen=True)
@@ -163,22 +172,26 @@ def load_config(path: Optional[Path] = None, overrides: tuple[str, ...] = (), *,
     if path is not None:
         layers.append(_load_yaml(Path(path)))
     for item in overrides:
-        if "=" not in item:
-            raise AvatarRenderError(f"Override '{item}' is not of the form key=value (for example preview.fps=30).")
-        try:
-            layers.append(OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException as e:
-            raise AvatarRenderError(f"Override '{item}' could not be parsed: {_first_line(e)}.") from None
+        layers.append(_parse_override(item))
     try:
         merged = OmegaConf.merge(*layers)
         cfg: Config = OmegaConf.to_object(merged)
     except ConfigKeyError as e:
-        raise AvatarRenderError(f"Unknown config key '{_full_key(e)}'.") from None
+        key = _full_key(e)
+        message = f"Unknown config key '{key}'." if key else f"Invalid config: {_first_line(e)}."
+        raise AvatarRenderError(message) from None
     except ValidationError as e:
-        raise AvatarRenderError(f"Config key '{_full_key(e)}' has a wrong type or value: {_first_line(e)}.") from None
-    except OmegaConfBaseException as e:
-        raise AvatarRenderError(f"Invalid config: {_first_line(e)}.") from None
+        key = _full_key(e)
+        if not key:
+            raise AvatarRenderError(f"Invalid config: {_first_line(e)}.") from None
+        raise AvatarRenderError(f"Config key '{key}' has a wrong type or value: {_first_line(e)}.") from None
+    except OmegaConfBaseException as e:  # e.g. an interpolation that does not resolve
+        key = _full_key(e)
+        where = f"Config key '{key}'" if key else "The config"
+        raise AvatarRenderError(f"{where} cannot be read: {_first_line(e)}.") from None
     if seed is not None:
+        if not 0 <= seed <= MAX_SEED:
+            raise AvatarRenderError(f"--seed {seed} is not a seed: give a whole number from 0 to {MAX_SEED}.")
         cfg = dataclasses.replace(cfg, seed=seed)
     cfg = _moved_keys(cfg)
     validate(cfg)
@@ -199,24 +212,93 @@ def _moved_keys(cfg: Config) -> Config:
     return dataclasses.replace(cfg, face=face, preview=dataclasses.replace(cfg.preview, face_box=None))
 
 
-def _load_yaml(path: Path):
-    if not path.is_file():
-        raise AvatarRenderError(f"Config file '{path}' does not exist.")
+def _parse_override(item: str):
+    """One ``key=value`` argument as a config layer."""
+    key, sep, _ = item.partition("=")
+    example = "give key=value (for example preview.fps=30)"
+    if not sep:
+        raise AvatarRenderError(f"Override {shown(item)} is not of the form key=value; {example}.")
+    if not key.strip():
+        raise AvatarRenderError(f"Override {shown(item)} has no key before '='; {example}.")
+    if "" in key.split("."):
+        raise AvatarRenderError(f"Override {shown(item)} has an empty name in its key {shown(key)}; {example}.")
     try:
-        loaded = OmegaConf.load(path)
-    except Exception as e:  # yaml errors come in several types
-        raise AvatarRenderError(f"Config file '{path}' is not valid YAML: {_first_line(e)}.") from None
-    if loaded is None or not OmegaConf.is_dict(loaded):
-        raise AvatarRenderError(f"Config file '{path}' must hold a mapping of keys to values.")
+        layer = OmegaConf.from_dotlist([item])
+    except OmegaConfBaseException as e:
+        raise AvatarRenderError(f"Override {shown(item)} could not be parsed: {_first_line(e)}.") from None
+    _check_groups(layer, f"Override {shown(item)} sets")
+    return layer
+
+
+def _check_groups(layer, where: str) -> None:
+    """Refuse a group of keys (``preview``, ``video``, ...) given a single value instead of its keys."""
+    raw = OmegaConf.to_container(layer, resolve=False)
+    for f in dataclasses.fields(Config):
+        if f.name in raw and dataclasses.is_dataclass(f.default_factory) and not isinstance(raw[f.name], dict):
+            first = dataclasses.fields(f.default_factory)[0].name
+            raise AvatarRenderError(
+                f"{where} the whole group '{f.name}' to a single value; set its keys one by one "
+                f"(for example {f.name}.{first}=...)."
+            )
+
+
+def _load_yaml(path: Path):
+    regular_file(path, what="config file", give="a YAML file")
+    name = f"The config file {shown(path)}"
+    size = path.stat().st_size
+    if size > _MAX_YAML_BYTES:
+        raise AvatarRenderError(f"{name} is {size / 2**20:.0f} MB, far too large for a config; give a YAML file.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise AvatarRenderError(f"{name} is not a text file (it is not UTF-8); give a YAML file.") from None
+    except OSError as e:
+        raise AvatarRenderError(f"{name} cannot be read: {e.strerror or e}.") from None
+    try:
+        loaded = OmegaConf.load(io.StringIO(text))
+    except yaml.YAMLError as e:
+        raise AvatarRenderError(f"{name} is not valid YAML: {_yaml_reason(e, text)}.") from None
+    except OSError:  # OmegaConf's "Invalid loaded object type": the document is a single value
+        raise AvatarRenderError(f"{name} must hold a mapping of keys to values, not a single value.") from None
+    except OmegaConfBaseException as e:
+        raise AvatarRenderError(f"{name} cannot be used: {_first_line(e)}.") from None
+    if not OmegaConf.is_dict(loaded):
+        raise AvatarRenderError(f"{name} must hold a mapping of keys to values, not a list.")
+    _check_groups(loaded, f"{name} sets")
+    dotted = next((k for k in loaded if isinstance(k, str) and "." in k), None)
+    if dotted is not None:
+        group, _, rest = dotted.partition(".")
+        raise AvatarRenderError(f"{name} writes the key '{dotted}' with a dot; in YAML nest it instead "
+                                f"('{group}:', then '{rest}:' indented under it).")
     return loaded
+
+
+def _yaml_reason(e: yaml.YAMLError, text: str) -> str:
+    """What the YAML parser found wrong, with the line and column (1-based) where it found it."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or getattr(e, "context", None)
+    if mark is None or problem is None:
+        return _first_line(e)
+    problem = problem.split(". ")[0].rstrip(".")  # (OmegaConf's alias limit adds sentences of advice)
+    reason = f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and context != problem and start is not None and (start.line, start.column) != (mark.line, mark.column):
+        reason += f", {context} at line {start.line + 1}, column {start.column + 1}"
+    lines = text.splitlines()
+    if mark.line < len(lines) and lines[mark.line][mark.column : mark.column + 1] == "\t":
+        reason += " (a tab: YAML indents with spaces only)"
+    return reason
 
 
 def validate(cfg: Config) -> None:
     """Range checks that types alone cannot express."""
+    _check_finite(cfg)
     checks = [
         (cfg.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}"),
-        (cfg.video.width >= 16 and cfg.video.width % 2 == 0, "video.width", "must be an even number >= 16"),
-        (cfg.video.height >= 16 and cfg.video.height % 2 == 0, "video.height", "must be an even number >= 16"),
+        (0 <= cfg.seed <= MAX_SEED, "seed", f"must be a whole number from 0 to {MAX_SEED}"),
+        (cfg.video.preset in PRESETS, "video.preset", f"must be one of {', '.join(PRESETS)}"),
+        (16 <= cfg.video.width <= MAX_SIDE and cfg.video.width % 2 == 0, "video.width", f"must be {_EVEN_SIDE}"),
+        (16 <= cfg.video.height <= MAX_SIDE and cfg.video.height % 2 == 0, "video.height", f"must be {_EVEN_SIDE}"),
         (cfg.video.width * cfg.video.height <= 4096 * 4096, "video.width", "times video.height must not exceed 4096x4096"),
         (0 <= cfg.video.crf <= 51, "video.crf", "must be between 0 and 51"),
         (8_000 <= cfg.video.audio_bitrate <= 512_000, "video.audio_bitrate", "must be between 8000 and 512000"),
@@ -230,9 +312,9 @@ def validate(cfg: Config) -> None:
             "plus 2 must not exceed chunk.chunk_frames",
         ),
         (1 <= cfg.preview.fps <= 120, "preview.fps", "must be between 1 and 120"),
-        (cfg.preview.mouth_gain >= 0, "preview.mouth_gain", "must not be negative"),
+        (0 <= cfg.preview.mouth_gain <= 100, "preview.mouth_gain", "must be between 0 and 100"),
         (cfg.preview.blink_interval_s >= 0, "preview.blink_interval_s", "must not be negative"),
-        (cfg.preview.head_motion >= 0, "preview.head_motion", "must not be negative"),
+        (0 <= cfg.preview.head_motion <= 100, "preview.head_motion", "must be between 0 and 100"),
         (
             cfg.face.box is None
             or (len(cfg.face.box) == 4 and min(cfg.face.box[2:]) > 0 and min(cfg.face.box[:2]) >= 0),
@@ -271,12 +353,26 @@ def validate(cfg: Config) -> None:
             raise AvatarRenderError(f"Config key '{key}' {why}.")
 
 
+def _check_finite(cfg: Config) -> None:
+    """Every float key is a finite number (``nan`` and ``inf`` parse as floats)."""
+    for group in dataclasses.fields(cfg):
+        value = getattr(cfg, group.name)
+        if not dataclasses.is_dataclass(value):
+            keys = {group.name: value}
+        else:
+            keys = {f"{group.name}.{f.name}": getattr(value, f.name) for f in dataclasses.fields(value)}
+        for key, v in keys.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                raise AvatarRenderError(f"Config key '{key}' must be a finite number, not {v}.")
+
+
 def to_yaml(cfg: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
 def _full_key(e: OmegaConfBaseException) -> str:
-    return str(getattr(e, "full_key", None) or getattr(e, "key", None) or "?")
+    """The dotted key an OmegaConf error is about; empty when it does not say."""
+    return str(getattr(e, "full_key", None) or getattr(e, "key", None) or "")
 
 
 def _first_line(e: BaseException) -> str:

@@ -10,12 +10,15 @@ from dataclasses import dataclass
 from avatar_render.errors import AvatarRenderError
 
 
+_MODEL_INSTALL = "install PyTorch for your hardware, then pip install -e '.[model]' (see the README)"
+
+
 @dataclass(frozen=True)
 class Check:
     group: str  # "versions", "codecs", "devices", "backends"
     name: str
     ok: bool
-    detail: str
+    detail: str  # plain text (it may hold brackets, as in .[model])
 
 
 def _version(dist: str) -> str | None:
@@ -28,9 +31,12 @@ def _version(dist: str) -> str | None:
 def diagnose(cfg=None) -> list[Check]:
     """Everything below; with a config whose backend is ``infinitetalk``, also its model files."""
     checks = [Check("versions", "python", True, platform.python_version())]
-    for dist in ("avatar-render", "numpy", "av", "opencv-python-headless", "pillow", "omegaconf", "typer", "rich", "torch"):
+    for dist in ("avatar-render", "numpy", "av", "opencv-python-headless", "pillow", "omegaconf", "typer", "rich"):
         v = _version(dist)
-        checks.append(Check("versions", dist, v is not None or dist == "torch", v or "not installed"))
+        checks.append(Check("versions", dist, v is not None, v or "not installed: pip install -e ."))
+    torch = _version("torch")
+    checks.append(Check("versions", "torch", torch is not None,
+                        torch or f"not installed; only the infinitetalk backend needs it: {_MODEL_INSTALL}"))
     codecs = _codecs()
     checks += codecs
     checks += _devices()
@@ -44,7 +50,7 @@ def diagnose(cfg=None) -> list[Check]:
 def _infinitetalk(cfg) -> list[Check]:
     missing = [m for m in ("torch", "diffusers", "transformers", "safetensors") if _version(m) is None]
     if missing:
-        return [Check("backends", "infinitetalk", False, f"needs {', '.join(missing)}: pip install -e '.[model]'")]
+        return [Check("backends", "infinitetalk", False, f"needs {', '.join(missing)}: {_MODEL_INSTALL}")]
     if cfg is None or cfg.backend != "infinitetalk" or not cfg.model.root:
         return [Check("backends", "infinitetalk", True,
                       "installed; give -c configs/infinitetalk-480p.yaml model.root=FOLDER to check its weight files")]
@@ -108,6 +114,10 @@ def _devices() -> list[Check]:
     if torch.cuda.is_available():
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         out.append(Check("devices", "gpu", True, f"{torch.cuda.device_count()} CUDA device(s): {names}"))
+    elif torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        why = f"this torch ({torch.__version__}) is a CPU-only build; install a CUDA build to use a GPU"
+        out.append(Check("devices", "gpu", False, why))
     else:
-        out.append(Check("devices", "gpu", False, "no CUDA device visible to torch"))
+        why = f"no CUDA device visible to torch (a CUDA {torch.version.cuda} build)"
+        out.append(Check("devices", "gpu", False, why))
     return out

@@ -94,6 +94,7 @@ class Campaign:
         done = self.run(self.command(out))
         if done.returncode:
             sys.exit(f"the uninterrupted render failed: {done.stderr.strip()}")
+        self.size = out.stat().st_size
         return sha256(out), time.monotonic() - t
 
     def kill_once(self, output: Path, kind: str, duration: float, resume: bool) -> str:
@@ -111,8 +112,12 @@ class Campaign:
                 if (journal / "complete.remux.mp4").exists() or (journal / "complete.mp4").exists():
                     break
                 time.sleep(0.0005)
-        else:
-            time.sleep(self.rng.uniform(0.1, 0.95) * duration)
+        else:  # a random point of the video: when the partial file has grown to that share of the finished one's size
+            partial = output.with_name(output.stem + ".partial.mp4")
+            have = partial.stat().st_size if partial.exists() else 0
+            target = self.rng.uniform(max(0.05, have / self.size), 0.97) * self.size
+            while proc.poll() is None and (not partial.exists() or partial.stat().st_size < target):
+                time.sleep(0.002)
         alive = proc.poll() is None
         if alive:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -130,6 +135,7 @@ class Campaign:
             events.append(self.kill_once(output, kind, duration, resume=k > 0))
             if kind == "move" or (output.exists() and not journal.exists()):  # nothing left to interrupt
                 break
+        self.kills += sum(e.startswith("killed") for e in events)
         finished = output.exists() and not journal.exists()  # a resume ran to its end before the next kill
         done = self.run(self.command(output, "--resume")) if not finished else subprocess.CompletedProcess([], 0, "", "")
         same = done.returncode == 0 and output.is_file() and sha256(output) == self.expected
@@ -143,8 +149,9 @@ class Campaign:
         self.expected, duration = self.reference()
         print(f"uninterrupted render: {duration:.1f} s, sha256 {self.expected[:16]}...", flush=True)
         kinds = [("generation", "copy", "generation", "move", "generation")[j % 5] for j in range(self.a.trials)]
+        self.kills = 0
         matched = sum(self.trial(i, kind, duration) for i, kind in enumerate(kinds))
-        print(f"{matched} of {self.a.trials} trials resumed to a byte-identical MP4")
+        print(f"{matched} of {self.a.trials} trials ({self.kills} kills in all) resumed to a byte-identical MP4")
         return 0 if matched == self.a.trials else 1
 
 

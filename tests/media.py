@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import av
@@ -149,3 +150,29 @@ def _audio_frame(samples: np.ndarray) -> av.AudioFrame:
     """(C, n) float32 -> an interleaved frame (PyAV mishandles planar frames of 8 channels)."""
     interleaved = np.ascontiguousarray(samples.T).reshape(1, -1)  # (1, n * C)
     return av.AudioFrame.from_ndarray(interleaved, format="flt", layout=_LAYOUTS[samples.shape[0]])
+
+
+_WAV_FORMATS = {"u8": (1, 8), "s16": (1, 16), "f32": (3, 32), "f64": (3, 64)}  # sample format: (format tag, bits)
+
+
+def write_wav(path: Path, samples: np.ndarray, rate: int, *, sample_format: str = "s16",
+              format_tag: int | None = None) -> Path:
+    """A plain RIFF/WAVE file of (C, n) float samples, written byte by byte: any rate, any channel count
+    (no channel mask, so more than two channels are in no known order), NaN and infinity kept in float
+    formats. ``format_tag`` overrides the codec field (e.g. one no decoder knows)."""
+    tag, bits = _WAV_FORMATS[sample_format]
+    channels = samples.shape[0]
+    interleaved = np.ascontiguousarray(np.asarray(samples, np.float64).T)  # (n, C)
+    if sample_format == "f32":
+        data = interleaved.astype("<f4").tobytes()
+    elif sample_format == "f64":
+        data = interleaved.astype("<f8").tobytes()
+    elif sample_format == "u8":
+        data = np.round(np.clip(interleaved, -1, 1) * 127 + 128).astype(np.uint8).tobytes()
+    else:
+        data = np.round(np.clip(interleaved, -1, 1) * 32767).astype("<i2").tobytes()
+    block = channels * bits // 8
+    fmt = struct.pack("<HHIIHH", format_tag or tag, channels, rate, (rate * block) & 0xFFFFFFFF, block, bits)
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    Path(path).write_bytes(b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks)
+    return Path(path)

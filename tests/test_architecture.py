@@ -10,7 +10,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "avatar_render"
 
 # Rooms by layer, lowest first: a module may import its own room and any room of a lower layer.
 LAYERS = (
-    ("errors", "files"),  # the core: the user-facing error type, writing only our own files,
+    ("errors",),  # the core: the user-facing error type,
+    ("files",),  # the files a render reads (checked before they are opened) and writes (only its own)
     ("config", "telemetry"),  # the typed config, the render's measurements
     ("distributed",),  # a leaf the api calls: meshes, launches, sharding
     ("pipeline",),  # the tiers: Module, Stage, Pipeline, the chunk plan and the rolling state

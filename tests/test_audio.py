@@ -13,7 +13,7 @@ import pytest
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
-from tests.media import speech_like, write_audio, write_video_without_audio
+from tests.media import speech_like, write_audio, write_video_without_audio, write_wav
 
 FPS = Fraction(25)
 NTSC = Fraction(30000, 1001)
@@ -132,6 +132,20 @@ def test_many_channels_and_unnamed_layouts_downmix_to_stereo(tmp_path: Path) -> 
         assert np.abs(output).max() > 0.05 and np.abs(model).max() > 0.05
 
 
+@pytest.mark.parametrize("channels", [9, 32])
+def test_channels_in_no_known_order_are_averaged(tmp_path: Path, channels: int) -> None:
+    """FFmpeg cannot mix 9 or 32 channels without a layout; the reader takes their mean instead of failing."""
+    weights = np.linspace(0.1, 0.9, channels)[:, None]  # (C, 1)
+    tone = np.sin(2 * np.pi * 200 * np.arange(16000) / 16000)[None]  # (1, n)
+    path = write_wav(tmp_path / "many.wav", weights * tone * 0.5, 16000)
+    with AudioReader(path, fps=FPS) as reader:
+        assert (reader.info.channels, reader.info.output_channels) == (channels, 2)
+        output, model, _ = stream_all(reader)
+    expected = (np.round(weights * tone * 0.5 * 32767) / 32768).mean(axis=0)  # (n,) the mean of the stored samples
+    assert output.shape == (2, 16000) and np.allclose(output, expected[None], atol=1e-4)
+    assert np.allclose(model, expected, atol=1e-4)
+
+
 def test_a_minute_of_mp3_streams_whole(tmp_path: Path) -> None:
     path = write_audio(tmp_path / "minute.mp3", speech_like(60.0, 44100, 2), 44100)
     with AudioReader(path, fps=FPS) as reader:
@@ -244,26 +258,26 @@ def test_released_samples_cannot_be_read(tmp_path: Path) -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(AvatarRenderError, match="'nope.wav' does not exist"):
+    with pytest.raises(AvatarRenderError, match=r"nope\.wav' does not exist"):
         AudioReader(tmp_path / "nope.wav", fps=FPS)
 
 
 def test_text_file_named_wav(tmp_path: Path) -> None:
     path = tmp_path / "notes.wav"
     path.write_text("these are not samples\n" * 20)
-    with pytest.raises(AvatarRenderError, match="'notes.wav' is not a readable"):
+    with pytest.raises(AvatarRenderError, match=r"notes\.wav' is not a readable"):
         AudioReader(path, fps=FPS)
 
 
 def test_empty_wav(tmp_path: Path) -> None:
     path = write_audio(tmp_path / "empty.wav", np.zeros((1, 0), np.float32), 16000)
-    with pytest.raises(AvatarRenderError, match="'empty.wav' holds no audio samples"):
+    with pytest.raises(AvatarRenderError, match=r"empty\.wav' holds no audio samples"):
         AudioReader(path, fps=FPS)
 
 
 def test_video_without_audio(tmp_path: Path) -> None:
     path = write_video_without_audio(tmp_path / "silent.mp4", 1.0)
-    with pytest.raises(AvatarRenderError, match="'silent.mp4' has no audio track"):
+    with pytest.raises(AvatarRenderError, match=r"silent\.mp4' has no audio track"):
         AudioReader(path, fps=FPS)
 
 
@@ -284,7 +298,7 @@ def test_truncated_m4a_without_its_index_is_a_clear_error(tmp_path: Path) -> Non
     path = write_audio(tmp_path / "clip.m4a", speech_like(4.0, 44100, 2), 44100)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])  # the sample index is written at the end
-    with pytest.raises(AvatarRenderError, match="'clip.m4a' is not a readable"):
+    with pytest.raises(AvatarRenderError, match=r"clip\.m4a' is not a readable"):
         AudioReader(path, fps=FPS)
 
 

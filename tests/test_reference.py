@@ -156,7 +156,7 @@ def test_video_first_frame(tmp_path: Path) -> None:
 
 
 def no_video_stream(path: Path) -> str:
-    return rf"^'{re.escape(str(path))}' has no video stream to take the face from\.$"
+    return rf"^The reference '{re.escape(str(path))}' has no video stream to take the face from\.$"
 
 
 def test_media_without_video(tmp_path: Path) -> None:

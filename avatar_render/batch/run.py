@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
 
-from avatar_render.batch import ledger as ledger_mod
+import avatar_render.batch.ledger as ledger_mod
 from avatar_render.batch.events import JobFinished, OnEvent, Planned
 from avatar_render.batch.jobs import Job, JobSpec, Outcome
 from avatar_render.batch.ledger import Decision, Ledger, batch_dir

@@ -17,12 +17,16 @@ from pathlib import Path
 import av
 import numpy as np
 
-from avatar_render.errors import AvatarRenderError
+from avatar_render.errors import AvatarRenderError, InputError
+from avatar_render.files import regular_file, shown
 
 AAC_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000)
 _FALLBACK_RATE = 48000
 _RELEASE_MARGIN = Fraction(1)  # seconds kept behind the point the caller releases
 _MIN_CAPACITY = 1 << 14
+MIN_RATE, MAX_RATE = 4000, 768_000  # input sample rates read, in Hz
+_FLOAT_FORMATS = frozenset({"flt", "fltp", "dbl", "dblp"})  # the only ones that can hold NaN or infinity
+_INT_SCALE = {"u8": 128, "s16": 1 << 15, "s32": 1 << 31, "s64": 1 << 63}  # full scale of integer formats
 
 
 @dataclass(frozen=True)
@@ -118,37 +122,47 @@ class AudioReader:
         self.total_frames: int | None = None
         self._container = _open(path)
         try:
-            streams = self._container.streams.audio
-            if not streams:
-                raise AvatarRenderError(f"'{path.name}' has no audio track.")
-            self._stream = streams[0]
-            self._frames = self._decoded_frames()
-            first = next((f for f in self._frames if f.samples > 0), None)
-            if first is None:
-                raise AvatarRenderError(f"'{path.name}' holds no audio samples.")
+            first = self._first_frame(path)
+            rate, channels = first.sample_rate, first.layout.nb_channels
+            out_rate, out_channels = output_format(rate, channels)
+            self.info = AudioInfo(
+                path=path,
+                codec=self._stream.codec_context.codec.canonical_name,
+                sample_rate=rate,
+                channels=channels,
+                estimated_seconds=_estimated_seconds(self._container, self._stream),
+                output_rate=out_rate,
+                output_channels=out_channels,
+            )
+            self._model = _Window(1)
+            self._output = _Window(out_channels)
+            self._source: tuple[str, str, int] | None = None  # (format, layout, rate) the resamplers take
+            self._mix_to_mono = False  # the source's channels are in no order the resampler can mix
+            self._model_resampler: av.AudioResampler | None = None
+            self._output_resampler: av.AudioResampler | None = None
+            self._done_seconds = Fraction(0)  # input duration of earlier (format, layout, rate) segments
+            self._segment_samples = 0  # input samples of the current segment
+            self._eof = False
+            self._push(first)  # (checks the rate and the samples)
         except BaseException:
             self._container.close()
             raise
-        rate, channels = first.sample_rate, first.layout.nb_channels
-        out_rate, out_channels = output_format(rate, channels)
-        self.info = AudioInfo(
-            path=path,
-            codec=self._stream.codec_context.codec.canonical_name,
-            sample_rate=rate,
-            channels=channels,
-            estimated_seconds=_estimated_seconds(self._container, self._stream),
-            output_rate=out_rate,
-            output_channels=out_channels,
-        )
-        self._model = _Window(1)
-        self._output = _Window(out_channels)
-        self._source: tuple[str, str, int] | None = None  # (format, layout, rate) the resamplers take
-        self._model_resampler: av.AudioResampler | None = None
-        self._output_resampler: av.AudioResampler | None = None
-        self._done_seconds = Fraction(0)  # input duration of earlier (format, layout, rate) segments
-        self._segment_samples = 0  # input samples of the current segment
-        self._eof = False
-        self._push(first)
+
+    def _first_frame(self, path: Path) -> av.AudioFrame:
+        streams = self._container.streams.audio
+        if not streams:
+            raise AvatarRenderError(f"The audio {shown(path)} has no audio track.")
+        self._stream = streams[0]
+        if self._stream.codec_context is None:  # the container is known, its codec is not
+            raise AvatarRenderError(
+                f"The audio {shown(path)} holds an audio track that nothing here can decode; "
+                "convert it to WAV, FLAC or MP3."
+            )
+        self._frames = self._decoded_frames()
+        first = next((f for f in self._frames if f.samples > 0), None)
+        if first is None:
+            raise AvatarRenderError(f"The audio {shown(path)} holds no audio samples.")
+        return first
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -245,17 +259,44 @@ class AudioReader:
         source = (frame.format.name, frame.layout.name, frame.sample_rate)
         if source != self._source:
             self._flush_resamplers()
+            if not MIN_RATE <= frame.sample_rate <= MAX_RATE:
+                raise InputError(
+                    f"The audio {shown(self.info.path)} has a sample rate of {frame.sample_rate} Hz; rates from "
+                    f"{MIN_RATE} to {MAX_RATE} Hz are supported, so resample it first."
+                )
             self._source = source
+            self._mix_to_mono = not _resamplable(frame)
             self._model_resampler = av.AudioResampler(format="fltp", layout="mono", rate=self.model_rate)
             layout = "mono" if self.info.output_channels == 1 else "stereo"
             self._output_resampler = av.AudioResampler(
                 format="fltp", layout=layout, rate=self.info.output_rate
             )
+        self._check_finite(frame)
         self._segment_samples += frame.samples
-        self._resample(frame)
+        if self._mix_to_mono:  # the model view gets the mean, the output view the mean in each of its channels
+            self._resample(_mean(frame, 1), _mean(frame, self.info.output_channels))
+        else:
+            self._resample(frame, frame)
 
-    def _resample(self, frame: av.AudioFrame | None) -> None:
-        for window, resampler in ((self._model, self._model_resampler), (self._output, self._output_resampler)):
+    def _check_finite(self, frame: av.AudioFrame) -> None:
+        if frame.format.name not in _FLOAT_FORMATS:
+            return
+        data = _channels(frame)  # (C, n)
+        bad = ~np.isfinite(data).all(axis=0)  # (n,)
+        if not bad.any():
+            return
+        index = int(bad.argmax())  # the first sample (of any channel) that is NaN or infinite
+        kind = "a NaN" if np.isnan(data[:, index]).any() else "an infinite"
+        at = self._done_seconds + Fraction(self._segment_samples + index, frame.sample_rate)
+        raise InputError(
+            f"The audio {shown(self.info.path)} has {kind} sample at {float(at):.3f} s (the first sample that is not a "
+            "finite number); re-export it with finite samples only."
+        )
+
+    def _resample(self, model_frame: av.AudioFrame | None, output_frame: av.AudioFrame | None) -> None:
+        """Each view's frame through its resampler (None flushes them)."""
+        for window, resampler, frame in ((self._model, self._model_resampler, model_frame),
+                                         (self._output, self._output_resampler, output_frame)):
             for out in resampler.resample(frame):
                 if out is not None:  # a pass-through resampler echoes the flush request
                     window.append(out.to_ndarray())
@@ -263,7 +304,7 @@ class AudioReader:
     def _flush_resamplers(self) -> None:
         if self._source is None:
             return
-        self._resample(None)
+        self._resample(None, None)
         self._done_seconds += Fraction(self._segment_samples, self._source[2])
         self._segment_samples = 0
 
@@ -278,14 +319,40 @@ class AudioReader:
 
 
 def _open(path: Path) -> av.container.InputContainer:
-    if not path.exists():
-        raise AvatarRenderError(f"'{path.name}' does not exist; check the audio path.")
-    if not path.is_file():
-        raise AvatarRenderError(f"'{path.name}' is not a file; pass an audio or video file.")
+    regular_file(path, what="audio", give="an audio or video file")
     try:
         return av.open(str(path), "r")
     except (av.FFmpegError, OSError, ValueError) as error:
-        raise AvatarRenderError(f"'{path.name}' is not a readable audio or video file.") from error
+        raise AvatarRenderError(f"The audio {shown(path)} is not a readable audio or video file.") from error
+
+
+def _resamplable(frame: av.AudioFrame) -> bool:
+    """Whether FFmpeg's resampler can mix ``frame``'s channels down (it cannot when their order is unknown, as
+    for 9 channels)."""
+    try:
+        av.AudioResampler(format="fltp", layout="mono", rate=frame.sample_rate).resample(frame)
+    except av.FFmpegError:
+        return False
+    return True
+
+
+def _channels(frame: av.AudioFrame) -> np.ndarray:
+    """(C, n) samples of ``frame`` in its own sample type."""
+    data = frame.to_ndarray()  # (C, n) planar or (1, n * C) packed
+    return data if frame.format.is_planar else data.reshape(-1, frame.layout.nb_channels).T
+
+
+def _mean(frame: av.AudioFrame, channels: int) -> av.AudioFrame:
+    """The mean of ``frame``'s channels (in no known order) as a float frame of 1 or 2 equal channels."""
+    data = _channels(frame)  # (C, n)
+    name = frame.format.name.rstrip("p")
+    if name == "u8":
+        data = data.astype(np.float64) - 128
+    mean = (data.mean(axis=0, dtype=np.float64) / _INT_SCALE.get(name, 1)).astype(np.float32)  # (n,)
+    layout = "mono" if channels == 1 else "stereo"
+    out = av.AudioFrame.from_ndarray(np.repeat(mean[None], channels, axis=0), format="fltp", layout=layout)
+    out.sample_rate = frame.sample_rate
+    return out
 
 
 def _estimated_seconds(container: av.container.InputContainer, stream: av.AudioStream) -> float | None:

@@ -12,7 +12,9 @@ from pathlib import Path
 import av
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files import shown
 from avatar_render.io.spec import WriterSpec
+
 
 def remux_faststart(src: Path, dst: Path) -> None:
     """Write the fragmented file ``src`` as a regular MP4 with its index in front to ``dst`` (a
@@ -78,20 +80,20 @@ def open_audio_encoder(spec: WriterSpec) -> av.AudioCodecContext:
 
 def create_error(path: Path, exc: OSError) -> str:
     if isinstance(exc, FileNotFoundError) and not Path(path).parent.is_dir():
-        return f"Could not create '{path}': the folder '{Path(path).parent}' does not exist."
+        return f"Could not create {shown(path)}: the folder '{Path(path).parent}' does not exist."
     if isinstance(exc, FileNotFoundError):
-        return f"Could not open '{path}': it does not exist."
+        return f"Could not open {shown(path)}: it does not exist."
     if isinstance(exc, PermissionError):
-        return f"Could not create '{path}': permission denied."
+        return f"Could not create {shown(path)}: permission denied."
     if isinstance(exc, FileExistsError):
-        return f"Could not create '{path}': something is already there, and the render writes only files it makes."
+        return f"Could not create {shown(path)}: something is already there, and the render writes only files it makes."
     if exc.errno == errno.ELOOP:
-        return f"Could not open '{path}': it is a symbolic link, and the render never writes through one."
-    return f"Could not create '{path}': {os_reason(exc)}."
+        return f"Could not open {shown(path)}: it is a symbolic link, and the render never writes through one."
+    return f"Could not create {shown(path)}: {os_reason(exc)}."
 
 
 def write_error(path: Path, exc: OSError) -> str:
-    return f"Could not write '{path}': {os_reason(exc)}."
+    return f"Could not write {shown(path)}: {os_reason(exc)}."
 
 
 def os_reason(exc: OSError) -> str:

@@ -11,6 +11,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files import regular_file, shown
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})
 MIN_SIDE = 16  # smallest width or height accepted, in pixels
@@ -18,6 +19,8 @@ _STRIP_ROWS = 512  # rows converted to numpy at a time, so no extra full-size te
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError)
 # Image.MAX_IMAGE_PIXELS is process-wide; it is swapped for ``max_pixels`` only while a header is read.
 _PIL_LIMIT_LOCK = threading.Lock()
+_CORRUPT = "The reference image {} is corrupt or truncated; re-export it."
+_NOT_MEDIA = "The reference {} is not an image or video file that can be read."
 
 
 def load_reference(path: str | Path, *, max_pixels: int = 150_000_000) -> np.ndarray:
@@ -26,11 +29,7 @@ def load_reference(path: str | Path, *, max_pixels: int = 150_000_000) -> np.nda
     The image keeps its full resolution (so boxes given in reference pixels stay valid); its pixel
     count is checked from the header before anything is decoded. Transparency is composited over white.
     """
-    path = Path(path)
-    if not path.exists():
-        raise AvatarRenderError(f"The reference file '{path}' does not exist.")
-    if path.is_dir():
-        raise AvatarRenderError(f"The reference '{path}' is a folder; give an image or video file.")
+    path = regular_file(path, what="reference", give="an image or video file")
     if path.suffix.lower() in VIDEO_SUFFIXES:
         return _load_video_frame(path, max_pixels)
     try:
@@ -51,12 +50,12 @@ def _open_image(path: Path, max_pixels: int) -> Image.Image:
             image = Image.open(path)
         except Image.DecompressionBombError:
             raise AvatarRenderError(
-                f"The reference image '{path}' is too large (over {max_pixels:,} pixels); downscale it first."
+                f"The reference image {shown(path)} is too large (over {max_pixels:,} pixels); downscale it first."
             ) from None
         except UnidentifiedImageError:
             raise
         except _DECODE_ERRORS:
-            raise AvatarRenderError(f"The reference image '{path}' is corrupt or truncated; re-export it.") from None
+            raise AvatarRenderError(_CORRUPT.format(shown(path))) from None
         finally:
             Image.MAX_IMAGE_PIXELS = previous
     try:
@@ -70,11 +69,12 @@ def _open_image(path: Path, max_pixels: int) -> Image.Image:
 def _check_size(path: Path, width: int, height: int, max_pixels: int) -> None:
     if width * height > max_pixels:
         raise AvatarRenderError(
-            f"The reference '{path}' is {width}x{height} pixels, over the limit of {max_pixels:,}; downscale it first."
+            f"The reference {shown(path)} is {width}x{height} pixels, over the limit of {max_pixels:,}; "
+            "downscale it first."
         )
     if min(width, height) < MIN_SIDE:
         raise AvatarRenderError(
-            f"The reference '{path}' is only {width}x{height} pixels; it must be at least {MIN_SIDE}x{MIN_SIDE}."
+            f"The reference {shown(path)} is only {width}x{height} pixels; it must be at least {MIN_SIDE}x{MIN_SIDE}."
         )
 
 
@@ -86,10 +86,10 @@ def _decode_image(image: Image.Image, path: Path) -> np.ndarray:
         return _to_rgb_array(image)
     except MemoryError:
         raise AvatarRenderError(
-            f"There is not enough memory to decode the reference '{path}'; downscale it first."
+            f"There is not enough memory to decode the reference {shown(path)}; downscale it first."
         ) from None
     except _DECODE_ERRORS:
-        raise AvatarRenderError(f"The reference image '{path}' is corrupt or truncated; re-export it.") from None
+        raise AvatarRenderError(_CORRUPT.format(shown(path))) from None
 
 
 def _canonical_mode(image: Image.Image) -> Image.Image:
@@ -142,14 +142,19 @@ def _load_video_frame(path: Path, max_pixels: int, *, from_image_fallback: bool 
         container = av.open(str(path))
     except (av.FFmpegError, OSError, ValueError):
         if from_image_fallback:
-            raise AvatarRenderError(f"'{path}' is not an image or video file that can be read.") from None
+            raise AvatarRenderError(_NOT_MEDIA.format(shown(path))) from None
         raise AvatarRenderError(
-            f"The reference video '{path}' cannot be opened; it is corrupt or not a video."
+            f"The reference video {shown(path)} cannot be opened; it is corrupt or not a video."
         ) from None
     with container:
         if not container.streams.video:
-            raise AvatarRenderError(f"'{path}' has no video stream to take the face from.")
+            raise AvatarRenderError(f"The reference {shown(path)} has no video stream to take the face from.")
         stream = container.streams.video[0]
+        if stream.codec_context is None:  # FFmpeg knows the container but has no decoder for it (e.g. SVG)
+            raise AvatarRenderError(
+                f"The reference {shown(path)} is in a format nothing here can decode "
+                f"(FFmpeg's {container.format.name}); convert it to PNG, JPEG or an H.264 video."
+            )
         if stream.codec_context.width and stream.codec_context.height:
             _check_size(path, stream.codec_context.width, stream.codec_context.height, max_pixels)
         try:
@@ -162,5 +167,5 @@ def _load_video_frame(path: Path, max_pixels: int, *, from_image_fallback: bool 
         except (av.FFmpegError, OSError, ValueError):
             pass
     if from_image_fallback:
-        raise AvatarRenderError(f"'{path}' is not an image or video file that can be read.")
-    raise AvatarRenderError(f"The reference video '{path}' has no frame that can be decoded.")
+        raise AvatarRenderError(_NOT_MEDIA.format(shown(path)))
+    raise AvatarRenderError(f"The reference video {shown(path)} has no frame that can be decoded.")

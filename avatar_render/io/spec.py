@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from avatar_render.config import PRESETS
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AAC_RATES
-
-PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import av
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import create_new, open_own
+from avatar_render.files import create_new, open_own, shown
 from avatar_render.io.codecs import (
     create_error,
     open_audio_encoder,
@@ -285,7 +285,7 @@ class Mp4Writer:
             if self._error is not None:
                 raise self._error
             if self._abort.is_set() or self._stats is not None or not self._thread.is_alive():
-                raise AvatarRenderError(f"The writer for '{self.spec.path}' is already closed.")
+                raise AvatarRenderError(f"The writer for {shown(self.spec.path)} is already closed.")
             if not isinstance(item, _Chunk) or self._room.acquire(timeout=0.1):
                 self._queue.put(item)
                 return
@@ -295,15 +295,15 @@ class Mp4Writer:
         position, path = resume.position, self.spec.path
         init = self._muxer.init_segment()
         if self._file.read(len(init)) != init:
-            raise AvatarRenderError(f"The partial video '{path}' was written with other encoder settings or versions.")
+            raise AvatarRenderError(f"The partial video {shown(path)} was written with other encoder settings or versions.")
         try:
             if os.fstat(self._file.fileno()).st_size < position.bytes:
                 raise ValueError("it is shorter than the journal says")
             sequence = scan_fragments(self._file, position.bytes)
         except ValueError as exc:
-            raise AvatarRenderError(f"The partial video '{path}' does not match its journal: {exc}.") from None
+            raise AvatarRenderError(f"The partial video {shown(path)} does not match its journal: {exc}.") from None
         if sequence != position.sequence:
-            raise AvatarRenderError(f"The partial video '{path}' does not match its journal: it ends at fragment {sequence}, not {position.sequence}.")
+            raise AvatarRenderError(f"The partial video {shown(path)} does not match its journal: it ends at fragment {sequence}, not {position.sequence}.")
         self._file.truncate(position.bytes)
         self._file.seek(position.bytes)
         start = replay_start(position)
@@ -353,7 +353,7 @@ class Mp4Writer:
         except OSError as exc:
             self._error = AvatarRenderError(write_error(self.spec.path, exc))
         except Exception as exc:  # an encoder failure; surfaced to the caller as one sentence
-            self._error = AvatarRenderError(f"Could not encode '{self.spec.path}': {exc}.")
+            self._error = AvatarRenderError(f"Could not encode {shown(self.spec.path)}: {exc}.")
 
     def _position(self) -> WriterPosition:
         assert self._frames_written == self._frames_encoded, "x264 runs with zero latency"

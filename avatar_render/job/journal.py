@@ -33,7 +33,13 @@ from typing import Any, Optional
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import NO_FOLLOW, create_new, open_own, replace_atomically
+from avatar_render.files import (
+    NO_FOLLOW,
+    create_new,
+    open_own,
+    replace_atomically,
+    shown,
+)
 from avatar_render.io.codecs import os_reason
 from avatar_render.io.writer import WriterPosition
 from avatar_render.pipeline.state import Checkpoint, Flat, flatten, unflatten
@@ -144,17 +150,17 @@ class Journal:
                 directory.mkdir()
                 create_new(directory / MARKER).close()
             except OSError as exc:
-                raise AvatarRenderError(f"Could not create the resume journal '{directory}': {os_reason(exc)}.") from None
+                raise AvatarRenderError(f"Could not create the resume journal {shown(directory)}: {os_reason(exc)}.") from None
         check_ours(directory)
         try:
             fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | NO_FOLLOW, 0o644)
         except OSError as exc:
-            raise AvatarRenderError(f"Could not open the resume journal '{directory}': {os_reason(exc)}.") from None
+            raise AvatarRenderError(f"Could not open the resume journal {shown(directory)}: {os_reason(exc)}.") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise AvatarRenderError(f"Another avatar-render process is writing this output right now (its journal '{directory}' is locked).") from None
+            raise AvatarRenderError(f"Another avatar-render process is writing this output right now (its journal {shown(directory)} is locked).") from None
         return cls(directory, fd)
 
     @property
@@ -174,7 +180,7 @@ class Journal:
             self.meta = {"format": FORMAT, "identity": ident, "commit": None}
             _write_atomic(self.dir / "journal.json", json.dumps(self.meta, indent=1).encode())
         except OSError as exc:
-            raise AvatarRenderError(f"Could not write the resume journal '{self.dir}': {os_reason(exc)}.") from None
+            raise AvatarRenderError(f"Could not write the resume journal {shown(self.dir)}: {os_reason(exc)}.") from None
         self.damaged = None
 
     def mismatch(self, ident: dict[str, Any]) -> Optional[str]:
@@ -188,7 +194,7 @@ class Journal:
                 return f"the {key} '{now['name']}' is not the file it was started with"
         for key, before, now in _differences(old.get("config", {}), ident["config"]):
             if key not in NEUTRAL_KEYS:
-                return f"the config key '{key}' was {before!r} and is now {now!r}"
+                return f"the config key {shown(key)} was {before!r} and is now {now!r}"
         return None
 
     def resume_point(self) -> tuple[Checkpoint, list[ChunkRecord]]:
@@ -207,9 +213,9 @@ class Journal:
                 if entry.name != commit.state_file:
                     entry.unlink()
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise AvatarRenderError(f"The resume journal '{self.dir}' is damaged ({exc}).") from None
+            raise AvatarRenderError(f"The resume journal {shown(self.dir)} is damaged ({exc}).") from None
         if not isinstance(checkpoint, Checkpoint) or len(records) != commit.chunks:
-            raise AvatarRenderError(f"The resume journal '{self.dir}' is damaged (it does not hold {commit.chunks} chunks and a checkpoint).")
+            raise AvatarRenderError(f"The resume journal {shown(self.dir)} is damaged (it does not hold {commit.chunks} chunks and a checkpoint).")
         return checkpoint, records
 
     def commit(self, flat: Flat, records: list[ChunkRecord], position: WriterPosition, *,
@@ -236,7 +242,7 @@ class Journal:
             if previous is not None and previous.state_file != state_file:
                 (self.dir / previous.state_file).unlink(missing_ok=True)
         except OSError as exc:
-            raise AvatarRenderError(f"Could not write the resume journal '{self.dir}': {os_reason(exc)}.") from None
+            raise AvatarRenderError(f"Could not write the resume journal {shown(self.dir)}: {os_reason(exc)}.") from None
 
     def discard(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -295,10 +301,10 @@ def check_ours(directory: Path) -> None:
     """Refuse a journal path that holds something this program did not make (a link, a file, a
     folder without the marker)."""
     if directory.is_symlink() or not directory.is_dir():
-        raise AvatarRenderError(f"'{directory}' is in the way of the render's resume journal and was not made by it; move it away.")
+        raise AvatarRenderError(f"{shown(directory)} is in the way of the render's resume journal and was not made by it; move it away.")
     marker = directory / MARKER
     if marker.is_symlink() or not marker.is_file():
-        raise AvatarRenderError(f"The folder '{directory}' is in the way of the render's resume journal and was not made by it; move it away.")
+        raise AvatarRenderError(f"The folder {shown(directory)} is in the way of the render's resume journal and was not made by it; move it away.")
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:

@@ -17,7 +17,8 @@ from typing import Callable, Optional
 
 from omegaconf import OmegaConf
 
-from avatar_render.errors import AvatarRenderError
+from avatar_render.errors import AvatarRenderError, InputError
+from avatar_render.files import shown
 from avatar_render.io.writer import (
     Mp4Writer,
     WriterPosition,
@@ -186,6 +187,8 @@ class ChunkLoop:
             return AvatarRenderError(f"{str(exc).rstrip('.')}; start over with --force instead of --resume.")
         if self._forget_if_empty() or not isinstance(exc, AvatarRenderError):
             return exc
+        if isinstance(exc, InputError):  # the fixed input is another input: a resume would be refused
+            return AvatarRenderError(f"{str(exc).rstrip('.')}; then start over with --force.")
         done = self.journal.commit_info.frames
         return AvatarRenderError(f"{str(exc).rstrip('.')}; once that is fixed, run the same command with --resume to continue from frame {done}.")
 
@@ -225,5 +228,5 @@ class ChunkLoop:
             try:
                 write_report(Path(self.request.report), summary, telemetry.records())
             except OSError as e:
-                raise AvatarRenderError(f"Cannot write the report '{self.request.report}': {e.strerror or e}.") from None
+                raise AvatarRenderError(f"Cannot write the report {shown(self.request.report)}: {e.strerror or e}.") from None
         return report

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files import shown
 from avatar_render.job.journal import Journal, check_ours, journal_path
 
 
@@ -27,21 +28,21 @@ def check_output(output: Path, *, force: bool) -> None:
     """The output's name and folder, before anything is written (an existing output, a link there
     included, is only replaced with ``force``, and then as a whole: never written through)."""
     if _lstat_is(output, stat.S_ISDIR) or (output.is_symlink() and output.is_dir()):
-        raise AvatarRenderError(f"Output '{output}' is a directory; give a file name ending in .mp4.")
+        raise AvatarRenderError(f"Output {shown(output)} is a directory; give a file name ending in .mp4.")
     if output.suffix.lower() != ".mp4":
-        raise AvatarRenderError(f"Output '{output}' must be a file name ending in .mp4.")
+        raise AvatarRenderError(f"Output {shown(output)} must be a file name ending in .mp4.")
     if os.path.lexists(output) and not force:
         what = "is a symbolic link" if output.is_symlink() else "already exists"
-        raise AvatarRenderError(f"Output '{output}' {what}; pass --force to replace it.")
+        raise AvatarRenderError(f"Output {shown(output)} {what}; pass --force to replace it.")
     parent = output.parent
     if parent.exists() and not parent.is_dir():
-        raise AvatarRenderError(f"Cannot write '{output}': '{parent}' is a file, not a directory.")
+        raise AvatarRenderError(f"Cannot write {shown(output)}: {shown(parent)} is a file, not a directory.")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise AvatarRenderError(f"Cannot create the output directory '{parent}': {e.strerror or e}.") from None
+        raise AvatarRenderError(f"Cannot create the output directory {shown(parent)}: {e.strerror or e}.") from None
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise AvatarRenderError(f"Cannot write to the output directory '{parent}'.")
+        raise AvatarRenderError(f"Cannot write to the output directory {shown(parent)}.")
     _check_name_length(output)
 
 
@@ -54,7 +55,7 @@ def _check_name_length(output: Path) -> None:
     longest = max(len(os.fsencode(p.name)) for p in (output, partial_path(output), journal_path(output)))
     if longest > limit:
         raise AvatarRenderError(
-            f"The output name '{output.name}' is too long: with the render's '.partial' and '.journal' names beside it, "
+            f"The output name {shown(output.name)} is too long: with the render's '.partial' and '.journal' names beside it, "
             f"it passes this folder's limit of {limit} bytes per name; use a name at least {longest - limit} bytes shorter."
         )
 
@@ -64,15 +65,15 @@ def check_report(report: Optional[Path], output: Path, *, force: bool) -> None:
     if report is None:
         return
     if _lstat_is(report, stat.S_ISDIR):
-        raise AvatarRenderError(f"Cannot write the report to '{report}': it is a folder; give a file name.")
+        raise AvatarRenderError(f"Cannot write the report to {shown(report)}: it is a folder; give a file name.")
     if not report.parent.is_dir():
-        raise AvatarRenderError(f"Cannot write the report to '{report}': the folder '{report.parent}' does not exist.")
+        raise AvatarRenderError(f"Cannot write the report to {shown(report)}: the folder {shown(report.parent)} does not exist.")
     if not os.access(report.parent, os.W_OK | os.X_OK):
-        raise AvatarRenderError(f"Cannot write the report to '{report}': the folder '{report.parent}' is not writable.")
+        raise AvatarRenderError(f"Cannot write the report to {shown(report)}: the folder {shown(report.parent)} is not writable.")
     if report.is_symlink() and not force:
-        raise AvatarRenderError(f"The report path '{report}' is a symbolic link; pass --force to replace the link (it is never written through).")
+        raise AvatarRenderError(f"The report path {shown(report)} is a symbolic link; pass --force to replace the link (it is never written through).")
     if os.path.abspath(report) == os.path.abspath(output) or _same_file(report, output):
-        raise AvatarRenderError(f"The report and the output are the same file '{report}'; give them different names.")
+        raise AvatarRenderError(f"The report and the output are the same file {shown(report)}; give them different names.")
 
 
 def check_not_inputs(inputs: dict[str, Path], outputs: dict[str, Path]) -> None:
@@ -80,7 +81,7 @@ def check_not_inputs(inputs: dict[str, Path], outputs: dict[str, Path]) -> None:
     for what, target in outputs.items():
         for name, source in inputs.items():
             if os.path.abspath(target) == os.path.abspath(source) or _same_file(target, source):
-                raise AvatarRenderError(f"The {what} '{target}' is the {name} file; the render never writes over its inputs, give another name.")
+                raise AvatarRenderError(f"The {what} {shown(target)} is the {name} file; the render never writes over its inputs, give another name.")
 
 
 def check_partial(output: Path, journal: Optional[Journal]) -> None:
@@ -90,11 +91,11 @@ def check_partial(output: Path, journal: Optional[Journal]) -> None:
         return
     if journal is None:
         raise AvatarRenderError(
-            f"'{partial}' exists but is not an interrupted render of '{output.name}' (there is no resume journal beside it); "
+            f"{shown(partial)} exists but is not an interrupted render of {shown(output.name)} (there is no resume journal beside it); "
             "the render would write there, so move it away first."
         )
     if partial.is_symlink() or not partial.is_file():
-        raise AvatarRenderError(f"'{partial}' is not a file this render made (a link or a folder); move it away first.")
+        raise AvatarRenderError(f"{shown(partial)} is not a file this render made (a link or a folder); move it away first.")
 
 
 def move_into_place(src: Path, dst: Path, *, partial: Path, force: bool) -> None:
@@ -106,10 +107,10 @@ def move_into_place(src: Path, dst: Path, *, partial: Path, force: bool) -> None
     try:
         os.link(src, dst)  # fails if dst exists, unlike rename
     except FileExistsError:
-        raise AvatarRenderError(f"'{dst}' was created by something else during the render and is kept; the new video is in '{partial}'.") from None
+        raise AvatarRenderError(f"{shown(dst)} was created by something else during the render and is kept; the new video is in {shown(partial)}.") from None
     except OSError:  # no hard links here
         if os.path.lexists(dst):
-            raise AvatarRenderError(f"'{dst}' was created by something else during the render and is kept; the new video is in '{partial}'.") from None
+            raise AvatarRenderError(f"{shown(dst)} was created by something else during the render and is kept; the new video is in {shown(partial)}.") from None
         os.replace(src, dst)
     else:
         src.unlink()

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files import shown
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.writer import replay_start
 from avatar_render.job.journal import Commit, Journal
@@ -23,9 +24,9 @@ def prior_commit(journal: Journal | None, *, output: Path, partial: Path, resume
         return None  # nothing, or a stale journal that begin() clears
     if journal.damaged:
         if resume:
-            raise AvatarRenderError(f"Cannot resume '{output}': its journal is damaged ({journal.damaged}); start over with --force instead of --resume.")
+            raise AvatarRenderError(f"Cannot resume {shown(output)}: its journal is damaged ({journal.damaged}); start over with --force instead of --resume.")
         if not force:
-            raise AvatarRenderError(f"A render of '{output}' was interrupted and its journal is damaged; pass --force to start over.")
+            raise AvatarRenderError(f"A render of {shown(output)} was interrupted and its journal is damaged; pass --force to start over.")
         return None
     commit = journal.commit_info
     if commit is None:
@@ -33,7 +34,7 @@ def prior_commit(journal: Journal | None, *, output: Path, partial: Path, resume
     if not resume and not force:
         seconds = commit.frames / fps
         raise AvatarRenderError(
-            f"A render of '{output}' was interrupted after {commit.frames} frames ({float(seconds):.1f} s); "
+            f"A render of {shown(output)} was interrupted after {commit.frames} frames ({float(seconds):.1f} s); "
             "pass --resume to continue it, or --force to start over."
         )
     return commit if resume else None

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from avatar_render.distributed.launch import broadcast
 from avatar_render.distributed.mesh import Mesh
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files import shown
 from avatar_render.job.journal import (
     ChunkRecord,
     Commit,
@@ -18,7 +19,14 @@ from avatar_render.job.journal import (
     journal_path,
 )
 from avatar_render.job.loop import ChunkLoop
-from avatar_render.job.output import check_not_inputs, check_output, check_partial, check_report, finished_before, partial_path
+from avatar_render.job.output import (
+    check_not_inputs,
+    check_output,
+    check_partial,
+    check_report,
+    finished_before,
+    partial_path,
+)
 from avatar_render.job.resume import prior_commit
 from avatar_render.job.setup import prepared
 from avatar_render.job.types import OnMessage, Progress, RenderReport, RenderRequest
@@ -35,7 +43,7 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry, on_prog
     cfg = request.config
     output = Path(request.output)
     if finished_before(output):
-        on_message("info", f"'{output}' was complete; the files its render had left beside it are removed.")
+        on_message("info", f"{shown(output)} was complete; the files its render had left beside it are removed.")
         if request.resume:
             return _finished_report(output, cfg)
     check_output(output, force=request.force)
@@ -74,12 +82,12 @@ def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[C
     if prior is not None:
         why = journal.mismatch(ident)
         if why:
-            raise AvatarRenderError(f"Cannot resume '{output}': {why} (resume with the same inputs and config, or start over with --force instead of --resume).")
+            raise AvatarRenderError(f"Cannot resume {shown(output)}: {why} (resume with the same inputs and config, or start over with --force instead of --resume).")
         point = journal.resume_point()
-        on_message("info", f"Resuming '{output}' from frame {prior.frames} ({float(prior.frames / cfg.fps):.1f} s).")
+        on_message("info", f"Resuming {shown(output)} from frame {prior.frames} ({float(prior.frames / cfg.fps):.1f} s).")
         return journal, point
     if request.resume:
-        on_message("info", f"Nothing to resume for '{output}'; starting from the beginning.")
+        on_message("info", f"Nothing to resume for {shown(output)}; starting from the beginning.")
     journal = journal or Journal.open(journal_path(output), create=True)
     partial_path(output).unlink(missing_ok=True)  # (only ever this journal's: check_partial)
     journal.begin(ident)

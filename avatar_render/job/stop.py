@@ -8,6 +8,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable, Optional
 
+from avatar_render.files import shown
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -33,9 +35,9 @@ class RenderStopped(Exception):
         if not self.frames:
             return f"Stopped {how}, before the first chunk was written; nothing to resume."
         if self.at_once:  # the file may hold chunks past the journal's last record
-            return (f"Stopped at once: '{self.partial}' plays up to its last complete chunk; run the same command "
+            return (f"Stopped at once: {shown(self.partial)} plays up to its last complete chunk; run the same command "
                     f"with --resume to continue from frame {self.frames} ({self.seconds:.1f} s).")
-        return (f"Stopped at a keyframe: '{self.partial}' holds the first {self.frames} frames "
+        return (f"Stopped at a keyframe: {shown(self.partial)} holds the first {self.frames} frames "
                 f"({self.seconds:.1f} s); run the same command with --resume to continue.")
 
 
