@@ -25,7 +25,8 @@ BACKENDS = ("preview", "infinitetalk")
 MODEL_SIZES = ("tiny", "14b")
 DTYPES = ("float32", "bfloat16", "float16")
 CONTEXT_MODES = ("latents", "reencode")
-SR_MODES = ("none",)  # the learned one-step SR stage is still to come
+SR_MODES = ("none", "vae2x", "swiftvr")
+SR_FIDELITY = ("lowres", "vae2x")
 PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 MAX_SEED = 2**64 - 1  # the largest seed torch.Generator.manual_seed takes
 MAX_SIDE = 16384  # libx264's largest frame width or height
@@ -93,8 +94,28 @@ class ModelConfig:
     lora: Optional[str] = None  # a LoRA safetensors file merged at load (e.g. a few-step distillation)
     lora_scale: float = 1.0
     context_mode: str = "latents"  # how the previous chunk conditions the next: its latents as they are, or re-encoded frames
-    sr: str = "none"  # super-resolution stage: none (a learned one-step SR is still to come)
     colour_guard: float = 0.0  # 0..1: pull each chunk's colour statistics towards the reference
+    # Super-resolution: generate small, publish at video.width x video.height (which stay the output size).
+    #   none: the DiT generates at the output size;
+    #   vae2x: the latents are decoded at twice the generation size by the Wan2.1 VAE decoder fine-tuned for
+    #     it (Wan2.1-VAE-upscale2x), then scaled to the output size: about the cost of the plain decode;
+    #   swiftvr: the low-res frames are restored at the output size by the one-step SwiftVR model, the
+    #     mouth kept on the fidelity path (see sr_* below).
+    sr: str = "none"
+    # The size the DiT generates at (multiples of 16); 0 = derived: the output size with sr=none, else
+    # half the output size rounded down to a multiple of 16 (640x352 for 1280x720, 960x528 for 1920x1080).
+    gen_width: int = 0
+    gen_height: int = 0
+    sr_root: Optional[str] = None  # sr=swiftvr: the SwiftVR folder (reae.safetensors, prompt_embedding.safetensors, transformer/)
+    vae2x: Optional[str] = None  # the 2x decoder: its .safetensors, or the Wan2.1-VAE-upscale2x folder (either layout)
+    # With neither model.root nor the SR paths set, the SR models get random weights (tiny tests, speed checks).
+    sr_fidelity: str = "lowres"  # sr=swiftvr: what the mouth is blended toward and a drifting chunk falls back to:
+    #   lowres (the generated frame, upscaled) | vae2x (the 2x decode of the same latents; needs model.vae2x)
+    sr_mouth: float = 1.0  # 0..1: how much of the mouth region comes from the fidelity path (1 = all of it)
+    sr_colour: float = 1.0  # 0..1: how much the SR output's low frequencies are replaced by the low-res frame's
+    sr_identity_drop: float = 0.05  # fall back to the fidelity path for a chunk whose face similarity to the
+    #   reference is this much below the fidelity path's (2 = never)
+    sr_overlap: int = 1  # latents of the previous SR chunk the one-step DiT sees in front of each chunk
 
 
 @dataclass(frozen=True)
@@ -110,8 +131,9 @@ class DistConfig:
 
     sp: int = 1  # sequence-parallel (Ulysses) degree for the DiT; divides the process count and the heads
     fsdp: bool = True  # shard the DiT's parameters across all processes (FSDP2)
-    # per module: resident | offloaded (blocks in pinned host memory, each copied to the GPU just before
-    # its forward: FSDP2's offload policy under torchrun, a block streamer in one process)
+    # per module (dit: the A2V DiT, sr: the one-step SR DiT): resident | offloaded (blocks in pinned host
+    # memory, each copied to the GPU just before its forward: FSDP2's offload policy under torchrun, a
+    # block streamer in one process)
     offload: dict[str, str] = field(default_factory=lambda: {"dit": "resident"})
     split_decode: bool = True  # each process decodes a strip of every frame (else each decodes whole frames)
     cfg_parallel: bool = True  # guidance passes of a step spread over the world / sp replicas (else each computes all)
@@ -129,6 +151,16 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+
+    @property
+    def gen_size(self) -> tuple[int, int]:
+        """(width, height) the diffusion backend generates at (``model.gen_width/gen_height``, derived when 0)."""
+        m, v = self.model, self.video
+        if m.gen_width:
+            return m.gen_width, m.gen_height
+        if m.sr == "none":
+            return v.width, v.height
+        return max(16, v.width // 2 // 16 * 16), max(16, v.height // 2 // 16 * 16)
 
     @property
     def fps(self) -> Fraction:
@@ -306,13 +338,24 @@ def validate(cfg: Config) -> None:
         (cfg.model.vae_dtype in DTYPES, "model.vae_dtype", f"must be one of {', '.join(DTYPES)}"),
         (cfg.model.context_mode in CONTEXT_MODES, "model.context_mode", f"must be one of {', '.join(CONTEXT_MODES)}"),
         (cfg.model.sr in SR_MODES, "model.sr", f"must be one of {', '.join(SR_MODES)}"),
+        (cfg.model.sr_fidelity in SR_FIDELITY, "model.sr_fidelity", f"must be one of {', '.join(SR_FIDELITY)}"),
+        (cfg.model.gen_width >= 0 and cfg.model.gen_width % 16 == 0, "model.gen_width", "must be 0 or a multiple of 16"),
+        (cfg.model.gen_height >= 0 and cfg.model.gen_height % 16 == 0, "model.gen_height", "must be 0 or a multiple of 16"),
+        ((cfg.model.gen_width == 0) == (cfg.model.gen_height == 0), "model.gen_width", "and model.gen_height must be set together"),
+        (cfg.model.sr != "none" or cfg.model.gen_width in (0, cfg.video.width) and cfg.model.gen_height in (0, cfg.video.height),
+         "model.gen_width", "and model.gen_height must equal video.width and video.height (or be 0) with model.sr=none"),
+        (0 <= cfg.model.sr_mouth <= 1, "model.sr_mouth", "must be between 0 and 1"),
+        (0 <= cfg.model.sr_colour <= 1, "model.sr_colour", "must be between 0 and 1"),
+        (cfg.model.sr_identity_drop >= 0, "model.sr_identity_drop", "must not be negative"),
+        (cfg.model.sr_overlap >= 0, "model.sr_overlap", "must not be negative"),
         (1 <= cfg.model.fps <= 120, "model.fps", "must be between 1 and 120"),
         (1 <= cfg.model.steps <= 1000, "model.steps", "must be between 1 and 1000"),
         (cfg.model.shift > 0, "model.shift", "must be positive"),
         (0 <= cfg.model.colour_guard <= 1, "model.colour_guard", "must be between 0 and 1"),
         (cfg.dist.sp >= 1, "dist.sp", "must be at least 1"),
         (cfg.dist.prefetch_blocks >= 0, "dist.prefetch_blocks", "must not be negative"),
-        (set(cfg.dist.offload) <= {"dit"}, "dist.offload", "may only name dit for now (the other modules are offloaded by their stages)"),
+        (set(cfg.dist.offload) <= {"dit", "sr"}, "dist.offload",
+         "may only name dit and sr for now (the other modules are offloaded by their stages)"),
         (set(cfg.dist.offload.values()) <= {"resident", "offloaded"}, "dist.offload", "values must be resident or offloaded"),
     ]
     for ok, key, why in checks:

@@ -7,6 +7,8 @@ import os
 import platform
 from dataclasses import dataclass
 
+from avatar_render.errors import AvatarRenderError
+
 
 _MODEL_INSTALL = "install PyTorch for your hardware, then pip install -e '.[model]' (see the README)"
 
@@ -54,10 +56,17 @@ def _infinitetalk(cfg) -> list[Check]:
         return [Check("backends", "infinitetalk", True,
                       "installed; give -c configs/infinitetalk-480p.yaml model.root=FOLDER to check its weight files")]
     from avatar_render.infinitetalk.components import make_components
+    from avatar_render.infinitetalk.sr_components import make_sr_components, sr_modules
 
     comps = make_components(cfg.model, seed=0)
     out = []
-    for module in (comps.dit, comps.vae, comps.text, comps.image, comps.audio):
+    modules = [comps.dit, comps.vae, comps.text, comps.image, comps.audio]
+    if cfg.model.sr != "none":
+        try:
+            modules += sr_modules(make_sr_components(cfg.model, seed=0, device=torch_cpu()))
+        except AvatarRenderError as e:  # an SR path unset or absent: say which
+            out.append(Check("model files", "sr", False, str(e)))
+    for module in modules:
         files = module.weight_files()
         gone = module.missing_files()
         for f in files:
@@ -67,6 +76,12 @@ def _infinitetalk(cfg) -> list[Check]:
     ok = all(c.ok for c in out)
     out.append(Check("backends", "infinitetalk", ok, "all weight files present" if ok else "weight files missing (see above)"))
     return out
+
+
+def torch_cpu():
+    import torch
+
+    return torch.device("cpu")
 
 
 def _codecs() -> list[Check]:

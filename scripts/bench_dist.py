@@ -32,6 +32,7 @@ from avatar_render.config import load_config  # noqa: E402
 from avatar_render.distributed.launch import session  # noqa: E402
 from avatar_render.infinitetalk.components import resolve_device  # noqa: E402
 from avatar_render.job.setup import prepared  # noqa: E402
+from avatar_render.pipeline.chain import StageChain  # noqa: E402
 from avatar_render.telemetry import peak_rss_mb  # noqa: E402
 
 
@@ -128,8 +129,9 @@ def main() -> None:
         tl = Timeline(device)
         with prepared(cfg, a.ref, a.audio, mesh) as job:  # the set-up of a render
             pipeline, static, audio = job.pipeline, job.static, job.audio
-            timed = dataclasses.replace(pipeline, generate=tuple(Timed(s, tl) for s in pipeline.generate),
-                                        decode=Timed(pipeline.decode, tl))
+            decode = pipeline.decode  # a chain (decode, then SR) is timed stage by stage
+            decode = StageChain(tuple(Timed(s, tl) for s in decode.stages)) if isinstance(decode, StageChain) else Timed(decode, tl)
+            timed = dataclasses.replace(pipeline, generate=tuple(Timed(s, tl) for s in pipeline.generate), decode=decode)
             cuda = device.type == "cuda"
             if cuda:  # the chunk loop's own peak (the init stage's encoders are gone by now)
                 torch.cuda.reset_peak_memory_stats(device)

@@ -9,6 +9,7 @@ blocks streamed from pinned host memory (its peak memory then holds two blocks, 
 
     python scripts/gpu_check.py --out gpu_check.json            # 480p and 720p, InfiniteTalk + FlashTalk recipes
     python scripts/gpu_check.py --sizes 640x640 --repeats 5
+    python scripts/gpu_check.py --sr --out gpu_check_sr.json   # the SR stage (scripts/gpu_check_sr.py)
 
 Without a GPU it runs the tiny architecture on the CPU so the script itself can be checked; those
 timings say nothing about GPU speed.
@@ -93,7 +94,14 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--compile", action="store_true",
                     help="time the passes at the first size with each DiT block compiled (torch.compile) instead of streamed")
+    ap.add_argument("--sr", action="store_true",
+                    help="time the SR stage instead (SwiftVR at 720p and 1080p output, the 2x decoder; scripts/gpu_check_sr.py)")
     args = ap.parse_args()
+    if args.sr:
+        from gpu_check_sr import run_sr
+
+        run_sr(out_json=args.out)
+        return
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
     arch = architectures("14b" if gpu else "tiny")

@@ -14,7 +14,14 @@
 #    the InfiniteTalk (40 steps, 3 passes) and FlashTalk (4 steps, 1 pass) recipes; DiT resident and
 #    streamed block by block from pinned host memory (scripts/gpu_check.py).
 # 4. speed_compiled: the DiT passes at 480p with each block compiled (torch.compile), against eager.
-# SKIP_SPEED=1 / SKIP_COMPILE=1 leave parts 3 / 4 out.
+# 5. sr: the SR stage at full size (scripts/gpu_check.py --sr): SwiftVR's chunk (ReAE encode, one DiT
+#    pass, ReAE decode) at 1280x720 and 1920x1080 output from 640x352 and 960x528, SR fps, peak memory,
+#    the SR DiT resident and streamed from host memory, the face guard, and the 2x decoder (the cheap path).
+# 6. sr_render: the CLI end to end with configs/flashtalk-sr720p.yaml (generate 640x352, publish 1280x720):
+#    the MP4 decoded back at 1280x720, and the report's stage seconds with decode and sr.
+# 7. sr_switches: per-stage times and switches with SR in the loop (a2v -> decode -> sr -> context),
+#    scripts/bench_dist.py on configs/flashtalk-sr720p.yaml, SR DiT resident and offloaded.
+# SKIP_SPEED=1 / SKIP_COMPILE=1 / SKIP_SR=1 leave parts 3 / 4 / 5-7 out.
 set -u
 out=${1:-gpu-results}
 mkdir -p "$out"
@@ -71,6 +78,24 @@ for size in 480p 720p; do
   part "node_$size" "${NODE_LIMIT:-240}" "${launch[@]}" scripts/bench_dist.py -c "configs/infinitetalk-$size.yaml" --seconds 3 "$box" \
     "model.steps=${NODE_STEPS:-1}" "${dist[@]}"
 done
+
+# The SR stage: its speed at full size, an end-to-end render through it, and the stage switches around it.
+if [ -z "${SKIP_SR:-}" ]; then
+  part sr "${SR_LIMIT:-240}" "$py" scripts/gpu_check.py --sr --out "$out/sr.json"
+  part sr_render "${SR_RENDER_LIMIT:-240}" "$py" -m avatar_render render --ref examples/face.png --audio "$out/clip.wav" \
+    -c configs/flashtalk-sr720p.yaml -o "$out/render_sr.mp4" --report "$out/render_sr.json" --force "$box"
+  part sr_probe 30 "$py" -c '
+import json, sys, av
+with av.open(sys.argv[1]) as c:
+    v = c.streams.video[0]
+    print(f"{v.codec_context.name} {v.width}x{v.height}, {sum(1 for _ in c.decode(video=0))} frames decoded")
+r = json.load(open(sys.argv[2]))
+print("stage seconds:", {k: round(v, 2) for k, v in r["stage_s"].items()}, "| generated fps", r["generated_fps"], "| peak GPU MiB", r["peak_gpu_mb"])
+' "$out/render_sr.mp4" "$out/render_sr.json"
+  part sr_switches "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk-sr720p.yaml --seconds 3 "$box" "${dist[@]}"
+  part sr_switches_offloaded "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk-sr720p.yaml --seconds 3 "$box" \
+    dist.offload.sr=offloaded "${dist[@]}"
+fi
 
 # The speed figures (docs/benchmarks.md has them for one H200), then, least sure to fit, compiled blocks.
 [ -n "${SKIP_SPEED:-}" ] || part speed "${SPEED_LIMIT:-220}" "$py" scripts/gpu_check.py --out "$out/speed.json"

@@ -287,3 +287,18 @@ def test_inspect_cli_without_report_and_bad_input(small_render, tmp_path):
     bad.write_text("{}")
     done = cli("inspect", out, "--report", bad)
     assert done.returncode == 1 and "chunk plan" in done.stderr
+
+
+def test_face_sharpness_falls_with_blur_and_is_relative_to_the_reference(tmp_path):
+    sharp = face_frame()
+    soft = cv2.GaussianBlur(sharp, (0, 0), 2.0)
+    got = {}
+    for name, frame in (("sharp", sharp), ("soft", soft)):
+        video = write_video(tmp_path / f"{name}.mp4", (frame for _ in range(25)))
+        got[name] = inspect_video(video, face_box=FACE).sharpness
+    assert got["soft"].face.mean < 0.3 * got["sharp"].face.mean
+    # Without a reference image the first frame is the reference: a still video is as sharp as itself.
+    assert got["sharp"].relative == pytest.approx(1.0, abs=0.05) and got["soft"].relative == pytest.approx(1.0, abs=0.05)
+    blurred_in_time = write_video(tmp_path / "later.mp4", (sharp if i < 13 else soft for i in range(25)))
+    result = inspect_video(blurred_in_time, face_box=FACE).sharpness
+    assert result.relative < 0.7 and result.face.per_second[0] < result.reference

@@ -6,16 +6,11 @@ from avatar_render.config import Config
 from avatar_render.distributed.cfg_parallel import spare_replicas, split_passes
 from avatar_render.distributed.mesh import Mesh
 from avatar_render.distributed.parallelize import dit_plan, text_plan
-from avatar_render.distributed.split_decode import RowSplit
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.a2v import A2VStage
 from avatar_render.infinitetalk.components import architectures, make_components
-from avatar_render.infinitetalk.stages import (
-    AUDIO_MARGIN_S,
-    AudioContext,
-    LatentDecode,
-    ModelInit,
-)
+from avatar_render.infinitetalk.publish import build_publish, publish_notes
+from avatar_render.infinitetalk.stages import AUDIO_MARGIN_S, AudioContext, ModelInit
 from avatar_render.models.grid import TIME_STRIDE, frames_in, latents_in
 from avatar_render.models.sampler import SamplerConfig, passes, serial
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
@@ -24,13 +19,16 @@ SPATIAL_STRIDE = 16  # VAE 8x8 times the DiT's 2x2 patches
 
 
 def check_sizes(cfg: Config) -> None:
-    c, v = cfg.chunk, cfg.video
+    c = cfg.chunk
+    width, height = cfg.gen_size
+    size_key = "model.gen_width" if cfg.model.gen_width else "video.width"
     checks = [
         (c.chunk_frames % TIME_STRIDE == 0, "chunk.chunk_frames", "must be a multiple of 4 for this backend (the VAE packs 4 frames per latent)"),
         (c.context_frames >= 1 and (c.context_frames - 1) % TIME_STRIDE == 0, "chunk.context_frames", "must be 1 + 4k for this backend (e.g. 1, 5, 9)"),
         (c.transition_frames % (2 * TIME_STRIDE) == 0, "chunk.transition_frames", "must be a multiple of 8 for this backend"),
         (frames_in(latents_in(c.context_frames)) <= c.chunk_frames + 1, "chunk.context_frames", "must not exceed chunk.chunk_frames + 1"),
-        (v.width % SPATIAL_STRIDE == 0 and v.height % SPATIAL_STRIDE == 0, "video.width", "and video.height must be multiples of 16 for this backend"),
+        (width % SPATIAL_STRIDE == 0 and height % SPATIAL_STRIDE == 0, size_key,
+         f"and its height must be multiples of 16 for this backend (it is the size the model generates at: {width}x{height})"),
     ]
     for ok, key, why in checks:
         if not ok:
@@ -53,18 +51,17 @@ def build_infinitetalk(cfg: Config, mesh: Mesh) -> Pipeline:
     spare = spare_replicas(mesh, at_once, architectures(m.size).dit.num_heads) if mesh.distributed else None
     return Pipeline(
         init=ModelInit(vae=comps.vae, text=comps.text, image=comps.image, prompt=m.prompt,
-                       negative_prompt=m.negative_prompt, max_latents=max_latents, face_box=cfg.face.box),
+                       negative_prompt=m.negative_prompt, max_latents=max_latents, face_box=cfg.face.box, size=cfg.gen_size),
         generate=(
             AudioContext(audio=comps.audio, context_latents=context_latents,
-                         latent_hw=(cfg.video.height // 8, cfg.video.width // 8)),
+                         latent_hw=(cfg.gen_size[1] // 8, cfg.gen_size[0] // 8)),
             A2VStage(dit=comps.dit, vae=comps.vae, context_frames=c.context_frames, context_mode=m.context_mode,
                      evaluate=split_passes(mesh, serial) if cfg.dist.cfg_parallel else serial, sampler=sampler),
         ),
-        decode=LatentDecode(vae=comps.vae, colour_guard=m.colour_guard,
-                            split=RowSplit(mesh) if mesh.distributed and cfg.dist.split_decode else None, writes=mesh.is_writer),
+        decode=build_publish(cfg, comps, mesh),  # the decode, and the SR stage with model.sr
         sizes=ChunkSizes(c.chunk_frames, c.context_frames, c.transition_frames, lead_frames=1),
         fps=fps,
         audio_rate=comps.audio.features.sample_rate,  # wav2vec2's input rate
         audio_pad_s=(frames_in(context_latents) + 2 * TIME_STRIDE) / float(fps) + AUDIO_MARGIN_S,
-        notes=(spare,) if spare else (),
+        notes=tuple(n for n in (spare, publish_notes(cfg, mesh)) if n),
     )

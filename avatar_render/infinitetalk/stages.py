@@ -12,6 +12,7 @@ import torch
 from avatar_render.distributed.split_decode import RowSplit
 from avatar_render.face.detect import FaceDetector, find_face
 from avatar_render.face.fit import fit_to_frame
+from avatar_render.face.layout import fallback_layout
 from avatar_render.infinitetalk.types import (
     AudioWindow,
     DecodeCarry,
@@ -62,9 +63,10 @@ class ModelInit(Stage[RequestInput, ModelStatic]):
     output_type = ModelStatic
 
     def __init__(self, *, vae: WanVae, text: TextEncoder, image: ImageEncoder, prompt: str, negative_prompt: str,
-                 max_latents: int, face_box: list[int] | None = None) -> None:
+                 max_latents: int, face_box: list[int] | None = None, size: tuple[int, int] | None = None) -> None:
         self.vae, self.text, self.image = vae, text, image
         self.face_box = face_box
+        self.size = size  # (width, height) the model generates at; None = the request's (output) size
         self.prompt, self.negative_prompt = prompt, negative_prompt
         self.max_latents = max_latents  # the longest chunk, in latents
         self.detector = FaceDetector()
@@ -75,7 +77,8 @@ class ModelInit(Stage[RequestInput, ModelStatic]):
     def run(self, x: RequestInput, *, static: Any, carry: Any) -> tuple[ModelStatic, None]:
         layout = find_face(x.reference, self.detector, self.face_box)
         focus = None if layout is None else (layout.face.x, layout.face.y, layout.face.w, layout.face.h)
-        image, _ = fit_to_frame(x.reference, x.width, x.height, focus=focus)
+        width, height = self.size or (x.width, x.height)
+        image, fit = fit_to_frame(x.reference, width, height, focus=focus)
         pixels = to_pixels(image)  # [1, 3, 1, H, W]
         with torch.no_grad():
             frames = torch.cat([pixels, pixels.new_zeros(1, 3, frames_in(self.max_latents) - 1, *pixels.shape[-2:])], dim=2)
@@ -94,6 +97,7 @@ class ModelInit(Stage[RequestInput, ModelStatic]):
             face_detected=layout is not None and layout.detected,
             cond=torch.cat([mask, latents], dim=1), ref_latent=latents[0, :, :1].clone(), clip_fea=clip,
             text=text, text_null=text_null, ref_mean=flat.mean(1), ref_std=flat.std(1),
+            reference=image, layout=fallback_layout(width, height) if layout is None else layout.mapped(fit),
         ), None
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
+from avatar_render.face.layout import FaceLayout
 from avatar_render.models.grid import latent_of, latents_for
 from avatar_render.models.vae import CausalCache
 from avatar_render.pipeline.types import (
@@ -28,6 +30,8 @@ class ModelStatic(StaticConditioning):
     text_null: torch.Tensor  # [1, L, text_dim]: the negative prompt
     ref_mean: torch.Tensor  # [3]: per-channel mean of the reference in [-1, 1], for the colour guard
     ref_std: torch.Tensor  # [3]
+    reference: np.ndarray  # (h, w, 3) uint8: the reference fitted to the generation size (the SR stage's face guard)
+    layout: FaceLayout  # the reference's face, eyes and mouth in those pixels (a plausible box when none was found)
 
 
 @dataclass(frozen=True)
@@ -65,3 +69,14 @@ class DecodeCarry:
     cache: Optional[CausalCache]  # None in a checkpoint
     recent: torch.Tensor  # [16, r, h, w] float32 on the CPU: the last ``StreamingDecoder.window()`` latents
     decoded: int  # latents decoded so far
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """Frames [start, end) of the published stream decoded and kept on the compute device, for the SR stage."""
+
+    start: int
+    end: int
+    pixels: torch.Tensor  # [1, 3, T, H, W] float32 in [-1, 1], T = end - start, at the decoder's output size
+    latents: torch.Tensor  # [16, n, h, w]: what they were decoded from (a second decoder may decode them again)
+    fidelity: Optional[torch.Tensor] = None  # [1, 3, T, H2, W2]: the same frames by the 2x decoder (model.sr_fidelity=vae2x)

@@ -13,23 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 
+from avatar_render.face.identity import CROP, face_descriptor  # noqa: F401 - (moved to face/)
 from avatar_render.metrics.regions import Reference, luma, patch
 from avatar_render.metrics.series import OverTime, Track
 
 METHOD = "proxy: HOG cosine of the face crop (not a face-recognition embedding)"
-CROP = 96  # side of the resampled face crop
-_HOG = cv2.HOGDescriptor((CROP, CROP), (16, 16), (8, 8), (8, 8), 9)
-
-
-def face_descriptor(face: np.ndarray) -> np.ndarray:
-    """(h, w) float32 grey face crop -> (4356,) unit-length HOG descriptor."""
-    interpolation = cv2.INTER_AREA if face.shape[0] > CROP else cv2.INTER_LINEAR
-    img = np.clip(cv2.resize(face, (CROP, CROP), interpolation=interpolation) + 0.5, 0, 255).astype(np.uint8)
-    desc = np.sqrt(np.maximum(_HOG.compute(img).ravel().astype(np.float64), 0.0))
-    return desc / max(float(np.linalg.norm(desc)), 1e-12)
 
 
 @dataclass(frozen=True)

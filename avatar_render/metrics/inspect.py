@@ -20,6 +20,7 @@ from avatar_render.metrics.identity import IdentityResult, IdentityTracker
 from avatar_render.metrics.motion import HeadMotionResult, HeadTracker
 from avatar_render.metrics.regions import Reference, fitted_reference, frame_reference, luma
 from avatar_render.metrics.seams import FrameChange, SeamResult, load_report, seam_result
+from avatar_render.metrics.sharpness import FaceSharpness, SharpnessResult
 from avatar_render.metrics.series import Track
 from avatar_render.metrics.speech import MouthActivity, MouthSyncResult, iter_frame_levels, mouth_sync
 from avatar_render.metrics.video import iter_frames, probe_video
@@ -47,6 +48,7 @@ class Series:
     speech_rms: np.ndarray | None  # audio RMS per frame
     eyes: np.ndarray  # eye closure, grey levels
     head: np.ndarray  # (T, 2) face shift, pixels
+    sharpness: np.ndarray  # variance of the Laplacian of the face patch
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,6 +62,7 @@ class InspectResult:
     blinks: BlinkResult
     head: HeadMotionResult
     identity: IdentityResult
+    sharpness: SharpnessResult
     missing: dict[str, str] = field(default_factory=dict)  # metric -> why it could not be measured
     notes: tuple[str, ...] = ()
     series: Series | None = None
@@ -88,7 +91,7 @@ def inspect_video(
     audio: str | Path | None = None, face_box: list[float] | None = None,
     on_progress: Callable[[int, int | None], None] | None = None,
 ) -> InspectResult:
-    """Measure colour drift, seams, mouth against speech, blinks, head motion and identity of a video.
+    """Measure colour drift, seams, mouth against speech, blinks, head motion, identity and face sharpness of a video.
 
     reference: the reference image it was rendered from (fitted like the renderer does); without
     it, the first frame is the reference. report: the render's ``--report`` JSON, needed for seams.
@@ -116,6 +119,7 @@ def inspect_video(
         tracker, colour, change = HeadTracker(ref), ColourDrift(ref), FrameChange()
         mouth = MouthActivity(ref, rest_from_reference=reference is not None, fps=fps)
         eyes, identity, rms = EyeClosure(ref), IdentityTracker(ref), Track()
+        sharpness = FaceSharpness(ref)
         count = 0
         for frame in _chain(first, frames):
             gray = luma(frame)
@@ -128,6 +132,7 @@ def inspect_video(
             mouth.update(gray, shift, level)
             eyes.update(gray, shift)
             identity.update(gray, shift)
+            sharpness.update(gray, shift)
             count += 1
             if on_progress is not None and count % 25 == 0:
                 on_progress(count, info.frames_estimate)
@@ -138,7 +143,7 @@ def inspect_video(
     mouth.finish()
     if on_progress is not None:
         on_progress(count, count)
-    parts = dict(tracker=tracker, colour=colour, change=change, mouth=mouth, eyes=eyes, identity=identity)
+    parts = dict(tracker=tracker, colour=colour, change=change, mouth=mouth, eyes=eyes, identity=identity, sharpness=sharpness)
     return _result(info, ref, rep, speech, rms.numpy() if levels is not None else None, count, **parts)
 
 
@@ -147,7 +152,7 @@ def _chain(first: np.ndarray, rest):
     yield from rest
 
 
-def _result(info, ref: Reference, rep, speech, rms, count, *, tracker, colour, change, mouth, eyes, identity) -> InspectResult:
+def _result(info, ref: Reference, rep, speech, rms, count, *, tracker, colour, change, mouth, eyes, identity, sharpness) -> InspectResult:
     fps = float(info.fps)
     missing: dict[str, str] = {}
     notes: list[str] = []
@@ -170,13 +175,13 @@ def _result(info, ref: Reference, rep, speech, rms, count, *, tracker, colour, c
     series = Series(
         frame_change=change.values.numpy(), colour_face=colour.face.numpy(), colour_frame=colour.frame.numpy(),
         identity=identity.values.numpy(), mouth=mouth.values.numpy(), speech_rms=rms, eyes=eyes.values.numpy(),
-        head=tracker.positions(),
+        head=tracker.positions(), sharpness=sharpness.values.numpy(),
     )
     return InspectResult(
         video=VideoSummary(path=str(info.path), frames=count, fps=fps, width=info.width, height=info.height, duration_s=round(count / fps, 4)),
         reference=ref.source, face_found=ref.face_found,
         colour=colour.result(fps), seams=seams, mouth=sync, blinks=eyes.result(fps), head=tracker.result(fps),
-        identity=identity.result(fps), missing=missing, notes=tuple(notes), series=series,
+        identity=identity.result(fps), sharpness=sharpness.result(fps), missing=missing, notes=tuple(notes), series=series,
     )
 
 

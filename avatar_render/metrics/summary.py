@@ -46,4 +46,7 @@ def summary_rows(r: InspectResult) -> list[tuple[str, str, str]]:
                  f"jitter {h.jitter:.2f} (0 = glide, 1.7 = random shake), farthest {h.travel_max:.3f} fw"))
     i = r.identity
     rows.append(("identity similarity", f"{i.similarity.mean:.3f}", _over_time(i.similarity, worst_word="lowest", digits=3) + f"; {i.method}"))
+    sh = r.sharpness
+    rows.append(("face sharpness", f"{sh.relative:.2f}", f"x the reference face's ({sh.face.mean:.0f} against {sh.reference:.0f}); "
+                 + _over_time(sh.face, worst_word="softest", digits=0) + f"; {sh.method}"))
     return rows

@@ -53,6 +53,7 @@ class VaeConfig:
     temperal_downsample: tuple[bool, ...] = (False, True, True)  # diffusers' spelling
     latents_mean: tuple[float, ...] = WAN21_LATENTS_MEAN
     latents_std: tuple[float, ...] = WAN21_LATENTS_STD
+    out_channels: int = 3  # 12 for a decoder that emits 2x2 pixels per pixel (pixel-shuffled afterwards)
 
     @classmethod
     def tiny(cls) -> VaeConfig:
@@ -97,11 +98,11 @@ class CausalCache:
 def locate_vae(path: Path) -> tuple[str, list[Path]]:
     """(layout, files): ``("wan", [Wan2.1_VAE.pth])`` or ``("diffusers", [config.json, *safetensors])``.
 
-    ``path`` is the .pth itself, a folder holding it, a diffusers VAE folder, or a diffusers model
+    ``path`` is the .pth (or a Wan-native .safetensors) itself, a folder holding it, a diffusers VAE folder, or a diffusers model
     folder with a ``vae/`` subfolder. An unknown folder resolves to the Wan file (reported missing).
     """
     path = Path(path)
-    if path.suffix in (".pth", ".pt"):
+    if path.suffix in (".pth", ".pt", ".safetensors"):
         return "wan", [path]
     if (path / NATIVE_FILE).is_file():
         return "wan", [path / NATIVE_FILE]
@@ -315,7 +316,9 @@ class StreamingDecoder:
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, cache: CausalCache) -> tuple[torch.Tensor, CausalCache]:
-        """latents [B, 16, f, h, w] (the next f of the stream) -> (frames [B, 3, T, 8h, 8w], cache).
+        """latents [B, 16, f, h, w] (the next f of the stream) -> (frames [B, C, T, 8h, 8w], cache).
+
+        C = ``config.out_channels`` (3, or 12 for the 2x decoder before its pixel shuffle).
 
         T = 4 f, or 1 + 4 (f - 1) when the stream starts here; frames in [-1, 1], float32.
         """
@@ -326,7 +329,8 @@ class StreamingDecoder:
         if f == 0 or rows == 0:  # nothing to decode (an empty strip: more processes than latent rows)
             s, n = self.vae.config.spatial_factor, self.vae.config.temporal_factor
             t = 0 if f == 0 else n * f - (n - 1) * (cache.steps == 0)
-            return torch.zeros(b, 3, t, rows * s, w * s, device=mean.device), CausalCache(feats=cache.feats, steps=cache.steps + f)
+            empty = torch.zeros(b, self.vae.config.out_channels, t, rows * s, w * s, device=mean.device)
+            return empty, CausalCache(feats=cache.feats, steps=cache.steps + f)
         z = (latents.to(mean.device, torch.float32) * std + mean).to(self.vae.dtype)
         x = net.post_quant_conv(z)  # 1x1x1: no temporal state
         feats = list(cache.feats)

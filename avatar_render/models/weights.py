@@ -93,12 +93,13 @@ def load_checkpoint(
     convert: Convert,
     *,
     what: str,
-    dtype: torch.dtype,
+    dtype: torch.dtype | Callable[[str], torch.dtype],
     optional: Iterable[str] = (),
 ) -> None:
     """Fill ``net`` (built on the meta device) from ``files``; every tensor of the model must come from them.
 
-    Floating tensors are cast to ``dtype``. Tied parameters are filled once for all their names.
+    Floating tensors are cast to ``dtype``, or to ``dtype(name)`` when it is a function of the model's
+    tensor name (a model that keeps some tensors in float32). Tied parameters are filled once for all their names.
     ``optional`` names may be absent from the files; they are zero-filled.
     """
     expected = dict(net.state_dict(keep_vars=True))
@@ -129,11 +130,13 @@ def load_checkpoint(
                         f"{path.name} has '{key}' of shape {_shape(t.shape)} where the {what} needs "
                         f"{_shape(target.shape)}, so the checkpoint does not match this model size."
                     )
-                _assign(net, aliases.get(name, [name]), t.to(dtype) if t.is_floating_point() else t)
+                cast = dtype(name) if callable(dtype) else dtype
+                _assign(net, aliases.get(name, [name]), t.to(cast) if t.is_floating_point() else t)
                 loaded.update(aliases.get(name, [name]))
     for name in optional:
         if name in expected and name not in loaded:
-            _assign(net, aliases.get(name, [name]), torch.zeros(expected[name].shape, dtype=dtype))
+            zeros = torch.zeros(expected[name].shape, dtype=dtype(name) if callable(dtype) else dtype)
+            _assign(net, aliases.get(name, [name]), zeros)
             loaded.add(name)
     missing = [n for n in expected if n not in loaded]
     if missing:

@@ -11,6 +11,7 @@ from typing import Any, Callable, Generator, Iterator, Protocol, get_type_hints
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.pipeline.chain import StageChain
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.schedule import ChunkPlan, iter_schedule
 from avatar_render.pipeline.stage import Stage, check_chain
@@ -161,8 +162,8 @@ class Pipeline:
             state, segment = state.pop_ready()
             if segment is None:
                 return state
-            with clock(self.decode.name):
-                frames, decode_carry = _run(self.decode, segment, static=static, carry=state.decode_carry, plan=plan)
+            frames, decode_carry = _run_timed(self.decode, segment, static=static, carry=state.decode_carry, plan=plan,
+                                              clock=clock)
             state = replace(state, decode_carry=decode_carry)
             with clock("audio"):
                 out_audio = audio.output_audio(segment.start, segment.end)
@@ -185,6 +186,20 @@ def _run(stage: Stage, x: Any, *, static: Any, carry: Any, plan: ChunkPlan) -> t
         raise
     except Exception as exc:
         raise StageFailed(stage.name, f"{plan.kind}{plan.index}", exc) from exc
+
+
+def _run_timed(stage: Stage, x: Any, *, static: Any, carry: Any, plan: ChunkPlan,
+               clock: Callable[[str], AbstractContextManager]) -> tuple[Any, Any]:
+    """``_run`` timed by ``clock``; a chain of stages in one slot (decode, then SR) stage by stage, each
+    under its own name and with its own carry."""
+    if not isinstance(stage, StageChain):
+        with clock(stage.name):
+            return _run(stage, x, static=static, carry=carry, plan=plan)
+    carries = list(carry)
+    for i, part in enumerate(stage.stages):
+        with clock(part.name):
+            x, carries[i] = _run(part, x, static=static, carry=carries[i], plan=plan)
+    return x, tuple(carries)
 
 
 class StageFailed(RuntimeError):
