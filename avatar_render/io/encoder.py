@@ -127,7 +127,7 @@ class ChunkEncoder:
         self._fifo_write(audio)
         self._history.add(audio)
         self.samples += audio.shape[1]
-        last = frames[-1] if len(frames) else None
+        last = frames[-1].copy() if len(frames) else None  # a copy: a view would keep the whole chunk alive
         return Fragment(video, self._encode_audio(final=False), first, audio_time, opens_gop, last)
 
     def finish(self, *, at_gop_start: bool) -> Fragment:

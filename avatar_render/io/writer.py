@@ -183,12 +183,13 @@ class Mp4Writer:
         self._frames_put += len(chunk.frames)
         self._samples_put += chunk.audio.shape[1]
 
-    def boundary(self) -> bool:
+    def boundary(self, *, last: bool = False) -> bool:
         """A point where a render could be resumed (between two chunks put). True when a GOP opens
         here: then the next chunk starts one, and a ``mark`` here is a point a resumed writer joins
-        byte for byte."""
+        byte for byte. The sinks are told at once that a GOP ended, except at the ``last`` boundary,
+        where ``close`` ends it (with the audio the encoder still holds)."""
         if self._gop_start is None or self._frames_put - self._gop_start >= self._gop_frames:
-            if not self._next_opens:
+            if not self._next_opens and not last:
                 self._enqueue(_GopEnd())
             self._next_opens = True
         return self._next_opens
