@@ -38,6 +38,10 @@ class Out:
         if not self.quiet:
             self.console.print(escape(text), soft_wrap=True)
 
+    def notice(self, text: str) -> None:
+        """Shown even when quiet."""
+        self.console.print(escape(text), soft_wrap=True)
+
     def warn(self, text: str) -> None:
         self.err.print(f"[yellow]Warning:[/] {escape(text)}", soft_wrap=True)
 
@@ -128,7 +132,7 @@ def render(
                               buffer_s=live_buffer, retry_s=live_retry, gop_seconds=live_gop, linger_s=serve_linger)
         request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report,
                                 resume=resume, config_file=config, live=options)
-        on_message = lambda level, text: out.warn(text) if level == "warning" else out.info(text)  # noqa: E731
+        on_message = lambda level, text: {"warning": out.warn, "notice": out.notice}.get(level, out.info)(text)  # noqa: E731
         stopping = StopSignals(on_first=lambda _: out.warn("stopping at the next keyframe; press Ctrl-C again to stop at once."))
         try:
             with stopping, _progress(out) as on_progress:

@@ -266,11 +266,6 @@ def annexb_to_avcc(annexb: bytes) -> bytes:
 
 
 def _avcc_box(extradata: bytes) -> bytes:
-    return _box(b"avcC", avcc_config(extradata))
-
-
-def avcc_config(extradata: bytes) -> bytes:
-    """The AVCDecoderConfigurationRecord of Annex B SPS + PPS (what avcC, FLV and the mov muxer carry)."""
     nals = _nal_units(extradata)
     sps = [n for n in nals if n[0] & 0x1F == 7]
     pps = [n for n in nals if n[0] & 0x1F == 8]
@@ -279,7 +274,7 @@ def avcc_config(extradata: bytes) -> bytes:
     body += bytes([len(pps)]) + b"".join(struct.pack(">H", len(n)) + n for n in pps)
     if sps[0][1] not in (66, 77, 88):  # High profiles add chroma format (4:2:0) and bit depths (8)
         body += bytes([0xFC | 1, 0xF8, 0xF8, 0])
-    return body
+    return _box(b"avcC", body)
 
 
 def _descriptor(tag: int, payload: bytes) -> bytes:

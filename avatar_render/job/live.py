@@ -67,7 +67,13 @@ class Live:
             except BaseException:
                 self.close()
                 raise
-            on_message("info", f"Watch the render at {self.server.url}")
+            on_message("notice", f"Watch the render at {self.server.url}")
+
+    @property
+    def shown(self) -> str:
+        """Where the render went, for its summary: the targets and the watch page."""
+        named = [t.shown for t in self.targets if self._temp is None or t.path is None or t.path.parent != self._temp]
+        return ", ".join(named + ([self.server.url] if self.server is not None else []))
 
     @property
     def stdout(self) -> bool:

@@ -242,7 +242,7 @@ class ChunkLoop:
         on_disk = None if stats.first_frame_on_disk_s is None else round(stats.first_frame_on_disk_s - telemetry.t0 - self.t_ready, 4)
         live = None if self.live is None else self.live.figures(self.t_ready_monotonic)
         report = RenderReport(
-            output=str(self.output) if self.output is not None else " ".join(self.request.live.targets), frames=tally.frames, fps=float(cfg.fps), width=cfg.video.width, height=cfg.video.height,
+            output=str(self.output) if self.output is not None else self.live.shown, frames=tally.frames, fps=float(cfg.fps), width=cfg.video.width, height=cfg.video.height,
             duration_s=round(duration, 4), num_chunks=tally.chunks, face_detected=self.job.static.face_detected,
             inputs_s=round(self.t_ready, 4), time_to_first_frame_s=round(tally.first_frame_s or 0.0, 4), first_frame_on_disk_s=on_disk,
             wall_s=round(wall, 4), generated_fps=round((tally.frames - tally.resumed) / gen_s, 2),

@@ -8,7 +8,7 @@ from typing import Callable, Literal, Optional
 
 from avatar_render.config import Config
 
-OnMessage = Callable[[Literal["info", "warning"], str], None]
+OnMessage = Callable[[Literal["info", "notice", "warning"], str], None]  # notice: shown even when quiet (a URL to watch)
 
 
 @dataclass(frozen=True)

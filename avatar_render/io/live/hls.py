@@ -97,7 +97,8 @@ class HlsSink:
             else:
                 assert not self.playlist.exists(), "checked before the render: an existing playlist is refused or removed"
                 replace_atomically(self.folder / init_name(self.playlist), lambda f: f.write(init))
-            self._write_playlist()
+            if self.segments:  # (a new playlist appears with its first segment: players refuse an empty one)
+                self._write_playlist()
         except OSError as exc:
             raise self._error(exc) from None
 

@@ -45,10 +45,13 @@ class WatchServer:
             def do_GET(self) -> None:  # noqa: N802 - the standard library's name
                 server.last_request = time.monotonic()
                 path = self.path.split("?", 1)[0]
-                if path in files:
+                if path == "/favicon.ico":
+                    self._reply(b"", "image/x-icon", cache=True)
+                elif path in files:
                     self._reply(*files[path], cache=True)
                 elif path == "/status.json":
-                    self._reply(json.dumps(server.status).encode(), "application/json")
+                    ready = (server.folder / server.playlist).is_file()  # the player starts once it is there
+                    self._reply(json.dumps({**server.status, "playlist": ready}).encode(), "application/json")
                 elif path.startswith("/live/") and _NAME.match(path[6:]) and Path(path[6:]).suffix in _TYPES:
                     try:
                         body = (server.folder / path[6:]).read_bytes()

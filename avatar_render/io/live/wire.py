@@ -3,6 +3,7 @@ wheels have no libsrt). Both get already encoded packets; nothing is encoded aga
 
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
 import threading
@@ -13,7 +14,7 @@ from typing import BinaryIO, Optional
 import av
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.io.fmp4 import Tracks, avcc_config
+from avatar_render.io.fmp4 import Fmp4Muxer, Tracks
 from avatar_render.io.live.targets import LiveTarget
 
 WIRE_CLOCK = 90_000  # ticks per second of the packets' times (MPEG-TS's clock; FLV rounds to ms)
@@ -34,12 +35,11 @@ class Connection:
 
     def __init__(self, output: av.container.OutputContainer, tracks: Tracks) -> None:
         self._out = output
-        self._video = output.add_stream("h264", rate=tracks.fps)
-        self._video.width, self._video.height = tracks.width, tracks.height
-        self._video.codec_context.extradata = avcc_config(tracks.avc_extradata)
-        self._audio = output.add_stream("aac", rate=tracks.audio_rate, layout="mono" if tracks.audio_channels == 1 else "stereo")
-        self._audio.codec_context.extradata = tracks.aac_extradata
-        self._video.time_base = self._audio.time_base = Fraction(1, WIRE_CLOCK)
+        # The streams are copied from the file's own init segment, read back by FFmpeg: the codec
+        # parameters (avcC, AudioSpecificConfig) exactly as the file carries them, and no encoder.
+        with av.open(io.BytesIO(Fmp4Muxer(None, tracks).init_segment()), format="mp4") as init:
+            self._video = output.add_stream_from_template(init.streams.video[0])
+            self._audio = output.add_stream_from_template(init.streams.audio[0])
         try:
             output.start_encoding()  # connects and sends the stream's header
         except (OSError, av.error.FFmpegError) as exc:
@@ -70,9 +70,11 @@ class _FfmpegPipe(Connection):
     """MPEG-TS written into an ``ffmpeg`` process that copies it to the SRT server."""
 
     def __init__(self, target: LiveTarget, tracks: Tracks, ffmpeg: str) -> None:
-        url = target.url + ("&" if "?" in target.url else "?") + "mode=caller" if "mode=" not in target.url else target.url
+        # caller mode; linger: the socket's close waits for what is still in flight (live mode drops it at once)
+        extra = [o for o in ("mode=caller", "linger=5") if o.split("=")[0] + "=" not in target.url]
+        url = target.url + ("&" if "?" in target.url else "?") + "&".join(extra) if extra else target.url
         self._proc = subprocess.Popen(
-            [ffmpeg, "-hide_banner", "-nostdin", "-loglevel", "error", "-fflags", "nobuffer", "-probesize", "32768",
+            [ffmpeg, "-hide_banner", "-nostdin", "-loglevel", "error", "-probesize", "32768",
              "-analyzeduration", "0", "-f", "mpegts", "-i", "pipe:0", "-c", "copy", "-f", "mpegts", url],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._stderr: list[bytes] = []
