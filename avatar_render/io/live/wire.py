@@ -18,7 +18,8 @@ from avatar_render.io.fmp4 import Fmp4Muxer, Tracks
 from avatar_render.io.live.targets import LiveTarget
 
 WIRE_CLOCK = 90_000  # ticks per second of the packets' times (MPEG-TS's clock; FLV rounds to ms)
-_IO_TIMEOUT_US = 5_000_000  # a read or write that takes longer is a lost connection
+_OPEN_TIMEOUT_S = 10.0  # connecting
+_IO_TIMEOUT_S = 5.0  # a write that takes longer is a lost connection
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def connect(target: LiveTarget, tracks: Tracks) -> Connection:
     or refuses; AvatarRenderError when this machine cannot send to it at all."""
     if target.kind == "rtmp":
         try:
-            output = av.open(target.url, "w", format="flv", options={"rw_timeout": str(_IO_TIMEOUT_US)})
+            output = av.open(target.url, "w", format="flv", timeout=(_OPEN_TIMEOUT_S, _IO_TIMEOUT_S))
         except (OSError, av.error.FFmpegError) as exc:
             raise ConnectionError(_reason(exc)) from None
         return Connection(output, tracks)
