@@ -18,6 +18,7 @@ same timeline. After that the target is given up (``failed``) and the render goe
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -350,7 +351,7 @@ class PushSink:
         if self._filler is None or self._last_rgb is None:
             return False
         fps, rate = self.spec.fps, self.spec.audio_rate
-        frames = max(1, round(_HOLD_SECONDS * fps))
+        frames = _hold_frames(fps, rate)
         gop = self._filler.video(self._last_rgb, frames)
         if gop is None:
             return False
@@ -401,3 +402,14 @@ class PushSink:
         self.stats.reconnects += 1
         self._lost, self._need_key = False, True
         self.say("info", f"live: reconnected to {self.name}; the stream goes on at the next keyframe.")
+
+
+def _hold_frames(fps: Fraction, rate: int) -> int:
+    """Frames of filler per wait: the fewest (up to a second's) whose length is a whole number of AAC
+    frames, so that the filler keeps audio and video exactly together (16 and 48 kHz at 25 or 30 fps);
+    else about ``_HOLD_SECONDS``, the audio kept within half an AAC frame of the video."""
+    for frames in range(1, math.ceil(fps) + 1):
+        if (Fraction(frames) / fps * rate / AAC_FRAME).denominator == 1:
+            return frames
+    return max(1, round(_HOLD_SECONDS * fps))
+
