@@ -27,6 +27,25 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return s.getsockname()[1]
 
 
+def wait_listening(port: int, *, udp: bool = False, timeout: float = 20.0) -> None:
+    """Until a socket is bound to ``port`` on this machine (read from /proc, so that a probe does not
+    use up a listener that accepts one connection)."""
+    tables = ["/proc/net/udp", "/proc/net/udp6"] if udp else ["/proc/net/tcp", "/proc/net/tcp6"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for table in tables:
+            try:
+                rows = Path(table).read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for row in rows:
+                local, state = row.split()[1], row.split()[3]
+                if int(local.rsplit(":", 1)[1], 16) == port and (udp or state == "0A"):
+                    return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
 def speech(path: Path, seconds: float) -> Path:
     """examples/talk.wav cut (or repeated) to ``seconds``."""
     with wave.open(str(ROOT / "examples" / "talk.wav")) as src:
@@ -69,11 +88,20 @@ class FirstBytes(threading.Thread):
 class Received:
     frames: int
     keyframes: list[int]  # indices of the video packets that are keyframes
-    video_end: float  # s: last video packet's pts + duration
-    audio_end: float
+    video_last: float  # s: pts of the last video packet
+    audio_last: float  # s: pts of the last audio packet
+    audio_last_duration: float  # as the container says (FLV and MPEG-TS carry none: a whole AAC frame then)
     audio_packets: int
     monotonic: bool
     fps: float
+
+    @property
+    def video_end(self) -> float:
+        return self.video_last + 1 / self.fps
+
+    @property
+    def audio_end(self) -> float:
+        return self.audio_last + self.audio_last_duration
 
 
 def probe(path: str, fps: float) -> Received:
@@ -85,18 +113,12 @@ def probe(path: str, fps: float) -> Received:
     video = [p for p in packets if p["codec_type"] == "video"]
     audio = [p for p in packets if p["codec_type"] == "audio"]
 
-    def end(ps: list[dict], default: float) -> float:
-        last = ps[-1]
-        return float(last["pts_time"]) + float(last.get("duration_time") or default)
-
     def ordered(ps: list[dict]) -> bool:
         t = [float(p["pts_time"]) for p in ps]
         return all(b > a for a, b in zip(t, t[1:]))
 
+    last = audio[-1].get("duration_time")
     return Received(frames=len(video), keyframes=[i for i, p in enumerate(video) if "K" in p["flags"]],
-                    video_end=end(video, 1 / fps), audio_end=end(audio, 0.0), audio_packets=len(audio),
+                    video_last=float(video[-1]["pts_time"]), audio_last=float(audio[-1]["pts_time"]),
+                    audio_last_duration=float(last) if last not in (None, "N/A") else 0.0, audio_packets=len(audio),
                     monotonic=ordered(video) and ordered(audio), fps=fps)
-
-
-def file_keyframes(path: Path) -> list[int]:
-    return probe(str(path), 25.0).keyframes

@@ -10,7 +10,7 @@ When the queue is empty at a packet's time (generation slower than real time), t
 (a closed GOP of its own, at a GOP end only; elsewhere it stalls), ``preroll`` measures the speed on
 the first chunks and delays the start so that a render of known length plays through without a stall.
 
-A lost connection is retried with back-off for ``retry_s`` seconds; meanwhile fragments are dropped
+A lost connection is retried with back-off for ``retry_s`` seconds; meanwhile the fragments past their time are dropped
 (the file keeps being written), and the stream goes on at the next keyframe, its times continuing the
 same timeline. After that the target is given up (``failed``) and the render goes on without it.
 """
@@ -69,7 +69,7 @@ Item = Union[Fragment, object]
 
 class _Buffer:
     """A FIFO of fragments and markers holding at most ``limit_s`` seconds of video; ``put`` waits
-    for room, or, with ``drop``, drops the oldest fragment instead."""
+    for room, or drops the oldest fragment instead where ``may_drop(it)`` says so."""
 
     def __init__(self, limit_s: float, fps: Fraction) -> None:
         self.limit_s, self.fps = limit_s, fps
@@ -80,10 +80,12 @@ class _Buffer:
     def _seconds(self, item: Item) -> float:
         return float(len(item.video) / self.fps) if isinstance(item, Fragment) else 0.0
 
-    def put(self, item: Item, *, drop: Callable[[], bool], dropped: Callable[[], None]) -> None:
+    def put(self, item: Item, *, may_drop: Callable[[Fragment], bool] = lambda f: False,
+            dropped: Callable[[], None] = lambda: None) -> None:
         with self._cond:
             while isinstance(item, Fragment) and self._held_s and self._held_s + self._seconds(item) > self.limit_s:
-                if drop():
+                oldest = next(i for i, _ in self._items if isinstance(i, Fragment))
+                if may_drop(oldest):
                     self._drop_oldest()
                     dropped()
                     continue
@@ -147,6 +149,7 @@ class PushSink:
         self._at_gop_end = False
         self._need_key = False
         self._last_rgb = None
+        self._epoch = 0  # connections lost so far
 
     @property
     def failed(self) -> Optional[AvatarRenderError]:
@@ -172,21 +175,27 @@ class PushSink:
             return
         if self.pacing.policy != "hold":
             fragment = replace(fragment, last_rgb=None)  # only ``hold`` shows it again
-        self._buffer.put(fragment, drop=lambda: self._lost or self._failed is not None or self._abort.is_set(),
-                         dropped=self._count_drop)
+        self._buffer.put(fragment, may_drop=self._may_drop, dropped=self._count_drop)
+
+    def _may_drop(self, oldest: Fragment) -> bool:
+        """While the connection is down the queue drops what is past its time (generation stays paced,
+        and the stream goes on near where the clock is); once given up (or stopping), anything."""
+        if self._failed is not None or self._abort.is_set():
+            return True
+        return self._lost and (self._t0 is None or self._due(self._video_pts(oldest.first_frame)) < time.monotonic())
 
     def end_gop(self) -> None:
-        self._buffer.put(_GOP_END, drop=lambda: False, dropped=lambda: None)
+        self._buffer.put(_GOP_END)
 
     def close(self) -> None:
         """Send what is queued (at its pace), then end the stream."""
-        self._buffer.put(_CLOSE, drop=lambda: False, dropped=lambda: None)
+        self._buffer.put(_CLOSE)
         if self._thread is not None:
             self._thread.join()
 
     def abort(self) -> None:
         self._abort.set()
-        self._buffer.put(_CLOSE, drop=lambda: False, dropped=lambda: None)
+        self._buffer.put(_CLOSE)
         if self._thread is not None:
             self._thread.join(timeout=10.0)
         elif self._conn is not None:
@@ -310,9 +319,10 @@ class PushSink:
             self._t0 = None  # a new connection: the schedule starts again from this keyframe
         if self._t0 is None:
             self._start(fragment, put_at)
+        epoch = self._epoch
         for packet in self._packets(fragment):
             self._send(packet)
-            if self._conn is None:  # lost: the rest of the fragment is dropped
+            if self._epoch != epoch:  # the connection was lost: the rest of the fragment is dropped
                 return
 
     def _packets(self, fragment: Fragment) -> list[WirePacket]:
@@ -368,9 +378,10 @@ class PushSink:
         count = max(0, round((video_ticks - self._hold_audio) / aac_ticks))
         silence = self._filler.silence()
         audio = [WirePacket(False, silence, start_a + round(i * aac_ticks), round(aac_ticks), True) for i in range(count)]
+        epoch = self._epoch
         for packet in sorted(video + audio, key=lambda p: p.pts):
             self._send(packet)
-            if self._conn is None:
+            if self._epoch != epoch:
                 return True
         self._hold_video = video_ticks
         self._hold_audio += round(count * aac_ticks)
@@ -380,6 +391,7 @@ class PushSink:
     def _reconnect(self, reason: str) -> None:
         self._conn.close()
         self._conn, self._lost = None, True
+        self._epoch += 1
         retry = self.pacing.retry_s
         self.say("warning", f"live: lost the connection to {self.name} ({reason}); retrying for up to {retry:g} s "
                             "while the render goes on.")
