@@ -75,10 +75,6 @@ class Live:
         named = [t.shown for t in self.targets if self._temp is None or t.path is None or t.path.parent != self._temp]
         return ", ".join(named + ([self.server.url] if self.server is not None else []))
 
-    @property
-    def stdout(self) -> bool:
-        return any(t.kind == "stdout" for t in self.targets)
-
     def gop_seconds(self, cfg: Config) -> float:
         """The writer's shortest GOP: a live render's keyframes come at least every ``gop_seconds``
         (segments and joins stay short); under ``hold`` every chunk starts one (filler can only be
