@@ -42,7 +42,7 @@ def render(
     launch = Launch.from_env()
     writes = launch.rank == 0
     with session(launch, sp=cfg.dist.sp, device=cfg.model.device,
-                 on_abort=bind(forget_empty_render, Path(request.output)) if writes else None) as mesh:
+                 on_abort=bind(forget_empty_render, Path(request.output)) if writes and request.output is not None else None) as mesh:
         agree(mesh, "seed and config", {"seed": cfg.seed, "config": repr(cfg)})
         if not mesh.is_writer:
             follow(cfg, Path(request.reference), Path(request.audio), mesh)

@@ -27,16 +27,20 @@ DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the full traceback
 
 
 class Out:
-    """All terminal output: human text on stdout, errors on stderr."""
+    """All terminal output: human text on stdout (on stderr when stdout carries a video), errors on stderr."""
 
-    def __init__(self, *, quiet: bool = False) -> None:
-        self.console = Console(highlight=False)
+    def __init__(self, *, quiet: bool = False, stdout_is_video: bool = False) -> None:
+        self.console = Console(highlight=False, stderr=stdout_is_video)
         self.err = Console(stderr=True, highlight=False)
         self.quiet = quiet
 
     def info(self, text: str) -> None:
         if not self.quiet:
             self.console.print(escape(text), soft_wrap=True)
+
+    def notice(self, text: str) -> None:
+        """Shown even when quiet."""
+        self.console.print(escape(text), soft_wrap=True)
 
     def warn(self, text: str) -> None:
         self.err.print(f"[yellow]Warning:[/] {escape(text)}", soft_wrap=True)
@@ -84,32 +88,51 @@ def _guard(out: Out, debug: bool, fn: Callable[[], None]) -> None:
 def render(
     ref: Annotated[Path, typer.Option("--ref", help="Reference image (PNG/JPEG/WebP) or video.")],
     audio: Annotated[Path, typer.Option("--audio", help="Audio of any length: wav, flac, mp3, m4a, ogg, opus or a video file.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Output .mp4 file.")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Output .mp4 file (the record; optional with --live or --serve).")] = None,
     overrides: OverridesArg = None,
     config: ConfigOpt = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Random seed (overrides the config).")] = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="Write a JSON report here.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file; discard an interrupted render of it.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted render of this output from its last complete chunk.")] = False,
+    live: Annotated[Optional[list[str]], typer.Option(
+        "--live", metavar="TARGET", help="Publish while rendering (repeatable): rtmp://host/app/key, srt://host:port, "
+                                         "PATH.m3u8 (HLS) or - (fragmented MP4 on standard output).")] = None,
+    serve: Annotated[Optional[str], typer.Option(
+        "--serve", metavar="[ADDR:]PORT", help="Serve a watch page and the HLS stream over HTTP (loopback by default; port 0: any).")] = None,
+    underrun: Annotated[str, typer.Option(
+        "--underrun", help="RTMP/SRT when generation is slower than real time: stall (wait), hold (last frame and "
+                           "silence), preroll (start late enough to play through).")] = "stall",
+    preroll: Annotated[float, typer.Option("--preroll", metavar="SECONDS", help="RTMP/SRT: delay of every packet after its time.")] = 1.0,
+    live_buffer: Annotated[float, typer.Option("--live-buffer", metavar="SECONDS", help="RTMP/SRT: encoded media queued ahead of the wire.")] = 10.0,
+    live_retry: Annotated[float, typer.Option("--live-retry", metavar="SECONDS", help="RTMP/SRT: how long a lost connection is retried.")] = 30.0,
+    live_gop: Annotated[float, typer.Option("--live-gop", metavar="SECONDS", help="Keyframe interval and HLS segment of a live render (when below video.gop_seconds).")] = 2.0,
+    serve_linger: Annotated[float, typer.Option("--serve-linger", metavar="SECONDS", help="--serve: after the render, keep serving while the page was open this recently (0: stop at once).")] = 10.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Render a talking-avatar MP4, written while it is generated. Ctrl-C (or SIGTERM) stops after the
-    next keyframe (every video.gop_seconds) and keeps what was written for --resume; a second Ctrl-C
-    stops at once."""
+    """Render a talking-avatar MP4, written while it is generated, and publish it live with --live or
+    --serve. Ctrl-C (or SIGTERM) stops after the next keyframe (every video.gop_seconds) and keeps what
+    was written for --resume, ending the live streams cleanly; a second Ctrl-C stops at once."""
     from avatar_render.distributed.launch import is_writer_process
 
-    out = Out(quiet=quiet or not is_writer_process())  # under torchrun only process 0 reports progress
+    # under torchrun only process 0 reports progress (and publishes)
+    out = Out(quiet=quiet or not is_writer_process(), stdout_is_video="-" in (live or ()))
 
     def run() -> None:
         from avatar_render.api import RenderRequest
         from avatar_render.api import render as render_video
         from avatar_render.job.stop import RenderStopped, StopNow, StopSignals
+        from avatar_render.job.types import LiveOptions
 
         cfg = _load_config(out, config, overrides, seed=seed)
+        if output is None and not live and serve is None:
+            raise AvatarRenderError("Give an output file (-o), a live target (--live) or --serve.")
+        options = LiveOptions(targets=tuple(live or ()), serve=serve, underrun=underrun, preroll_s=preroll,
+                              buffer_s=live_buffer, retry_s=live_retry, gop_seconds=live_gop, linger_s=serve_linger)
         request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report,
-                                resume=resume, config_file=config)
-        on_message = lambda level, text: out.warn(text) if level == "warning" else out.info(text)  # noqa: E731
+                                resume=resume, config_file=config, live=options)
+        on_message = lambda level, text: {"warning": out.warn, "notice": out.notice}.get(level, out.info)(text)  # noqa: E731
         stopping = StopSignals(on_first=lambda _: out.warn("stopping at the next keyframe; press Ctrl-C again to stop at once."))
         try:
             with stopping, _progress(out) as on_progress:
@@ -121,7 +144,7 @@ def render(
             out.warn("Stopped at once.")
             raise typer.Exit(stopping.exit_code) from None
         out.info(
-            f"Wrote {result.output}: {result.duration_s:.2f} s, {result.frames} frames at {result.fps:g} fps, "
+            f"{'Wrote' if output is not None else 'Streamed'} {result.output}: {result.duration_s:.2f} s, {result.frames} frames at {result.fps:g} fps, "
             f"{result.width}x{result.height} | first frame {result.time_to_first_frame_s:.2f} s | "
             f"{result.generated_fps:.1f} fps generated, {result.realtime_factor:.2f}x real time | "
             f"peak memory {result.peak_rss_mb:.0f} MB"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import BinaryIO
+from typing import BinaryIO, Optional
 
 AAC_FRAME = 1024  # samples per AAC frame
 AAC_PRIMING = 1024  # silent samples FFmpeg's native aac encoder puts before the first input sample
@@ -49,16 +49,23 @@ class MuxerState:
     audio_time: int = 0  # decode time of the next audio sample, audio timescale (priming included)
 
 
+def video_timescale(fps: Fraction) -> tuple[int, int]:
+    """The video track's timescale and one frame's duration in it. Like FFmpeg, tiny timescales (25)
+    are scaled up so players need no rounding: 25 fps -> 12800."""
+    scale = 1
+    while fps.numerator * scale < 10000:
+        scale *= 2
+    return fps.numerator * scale, fps.denominator * scale
+
+
 class Fmp4Muxer:
-    def __init__(self, file: BinaryIO, tracks: Tracks, state: MuxerState = MuxerState()):
+    """``file`` is where ``write_init`` and ``write_fragment`` write (None for a muxer whose caller
+    writes the bytes of ``init_segment`` and ``fragment`` itself)."""
+
+    def __init__(self, file: Optional[BinaryIO], tracks: Tracks, state: MuxerState = MuxerState()):
         self.file = file
         self.tracks = tracks
-        # Like FFmpeg, scale tiny timescales (25) up so players need no rounding: 25 fps -> 12800.
-        scale = 1
-        while tracks.fps.numerator * scale < 10000:
-            scale *= 2
-        self.video_timescale = tracks.fps.numerator * scale
-        self.frame_duration = tracks.fps.denominator * scale
+        self.video_timescale, self.frame_duration = video_timescale(tracks.fps)
         self.sequence = state.sequence
         self.video_time = state.video_time
         self.audio_time = state.audio_time
@@ -71,15 +78,27 @@ class Fmp4Muxer:
         self._write(self.init_segment())
 
     def write_fragment(self, video: list[Sample], audio: list[Sample]) -> None:
+        data = self.fragment(video, audio, advance=False)
+        if data:
+            self._write(data)
+            self._advance(video, audio)
+
+    def fragment(self, video: list[Sample], audio: list[Sample], *, advance: bool = True) -> bytes:
+        """The next ``moof`` + ``mdat`` (b"" when both lists are empty); with ``advance`` the counters
+        move past it."""
         runs = [(_VIDEO_ID, self.video_time, video), (_AUDIO_ID, self.audio_time, audio)]
         runs = [run for run in runs if run[2]]
         if not runs:
-            return
-        self.sequence += 1
+            return b""
         moof = self._moof(runs, 0)
         moof = self._moof(runs, len(moof) + 8)  # data offsets need the moof's own size
         mdat = b"".join(s.data for _, _, samples in runs for s in samples)
-        self._write(moof + struct.pack(">I4s", 8 + len(mdat), b"mdat") + mdat)
+        if advance:
+            self._advance(video, audio)
+        return moof + struct.pack(">I4s", 8 + len(mdat), b"mdat") + mdat
+
+    def _advance(self, video: list[Sample], audio: list[Sample]) -> None:
+        self.sequence += 1
         self.video_time += sum(s.duration for s in video)
         self.audio_time += sum(s.duration for s in audio)
 
@@ -116,7 +135,7 @@ class Fmp4Muxer:
                 )
             )
             data_offset += sum(len(s.data) for s in samples)
-        return _box(b"moof", _full_box(b"mfhd", 0, 0, struct.pack(">I", self.sequence)), *trafs)
+        return _box(b"moof", _full_box(b"mfhd", 0, 0, struct.pack(">I", self.sequence + 1)), *trafs)
 
     def init_segment(self) -> bytes:
         t = self.tracks

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import Optional
 
 from avatar_render.config import PRESETS
 from avatar_render.errors import AvatarRenderError
@@ -13,7 +14,7 @@ from avatar_render.io.audio import AAC_RATES
 
 @dataclass(frozen=True)
 class WriterSpec:
-    path: Path
+    path: Optional[Path]  # the fragmented MP4 (the record); None: no file, live sinks only
     width: int
     height: int
     fps: Fraction
@@ -26,7 +27,7 @@ class WriterSpec:
     gop_seconds: float = 10.0  # shortest GOP: a GOP starts at the first chunk start this long after the last
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path))
+        object.__setattr__(self, "path", None if self.path is None else Path(self.path))
         if not isinstance(self.fps, Fraction):
             object.__setattr__(self, "fps", Fraction(self.fps).limit_denominator(1001))
         if self.width <= 0 or self.height <= 0 or self.width % 2 or self.height % 2:

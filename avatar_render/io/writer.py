@@ -1,4 +1,5 @@
-"""Streaming MP4 writer: H.264 + AAC in a fragmented MP4, encoded on its own thread.
+"""Streaming writer: H.264 + AAC encoded once on its own thread, the same fragments handed to every
+sink: the fragmented MP4 file (the record) and the live sinks (``io.live``).
 
 Each chunk put into the writer becomes one MP4 fragment (``moof`` + ``mdat``) that is handed to
 the operating system as soon as the chunk is encoded, so the file plays while it grows and stays
@@ -17,11 +18,9 @@ back (its priming frame plus one of lookahead). ``close()`` writes all of it.
 Closed GOPs: a GOP can only start where the caller says a render could be resumed (``boundary()``,
 at each checkpoint of the chunk loop), and starts at the first such point at least
 ``spec.gop_seconds`` after the previous GOP's start: a pure function of where the boundaries fall, so
-the same in every run. Each GOP is encoded by fresh
-encoders: x264 from scratch from an IDR frame, the AAC encoder restarted a few frames before the
-first sample missing from the file (``replay_start``), its packets that the file already holds
-dropped, so the two encodes join without a click. What a GOP's bytes are therefore depends only on
-its own frames and audio, not on how the encoders got there.
+the same in every run. Each GOP is encoded by fresh encoders (``io.encoder``), so what its bytes are
+depends only on its own frames and audio. A GOP's end is told to the sinks as soon as ``boundary()``
+knows it (an HLS segment is listed before the next chunk is generated).
 
 Resuming: ``mark(callback)``, allowed only where the next chunk opens a GOP (``boundary()`` said so), reports
 a ``WriterPosition`` once everything put before it is on disk. A new writer given that position cuts
@@ -37,46 +36,30 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from fractions import Fraction
 from types import TracebackType
-from typing import BinaryIO, Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import av
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import create_new, open_own, shown
-from avatar_render.io.codecs import (
-    create_error,
-    open_audio_encoder,
-    open_video_encoder,
-    remux_faststart,
-    write_error,
-)
-from avatar_render.io.fmp4 import (
-    AAC_FRAME,
-    AAC_PRIMING,
-    Fmp4Muxer,
-    MuxerState,
-    Sample,
-    Tracks,
-    annexb_to_avcc,
-    scan_fragments,
-)
+from avatar_render.files import shown
+from avatar_render.io.codecs import remux_faststart, write_error
+from avatar_render.io.encoder import Aborted, ChunkEncoder, Fragment, replay_from
+from avatar_render.io.filesink import FileSink
+from avatar_render.io.fmp4 import MuxerState
+from avatar_render.io.sink import Sink
 from avatar_render.io.spec import WriterSpec
 
-_PREROLL_FRAMES = 4  # AAC frames a restarted encoder re-encodes before the join (2 suffice for a clean join)
-# Input samples kept for a restart: the pre-roll, plus what the file does not hold yet (the FIFO's
-# part of a frame and the encoder's two held-back frames), with room to spare.
-_HISTORY_SAMPLES = 16 * AAC_FRAME
+__all__ = ["Mp4Writer", "WriterPosition", "WriterResume", "WriterSpec", "WriterStats", "remux_faststart", "replay_start"]
 
 
 @dataclass(frozen=True)
 class WriterStats:
     frames: int
     audio_samples: int
-    bytes: int
-    first_frame_on_disk_s: Optional[float]  # time.perf_counter() when the first frame's fragment was flushed to disk
+    bytes: int  # of the file (0 without one)
+    first_frame_on_disk_s: Optional[float]  # time.perf_counter() when the first frame's fragment was handed to the sinks
     encode_seconds: float  # time the writer thread spent encoding+muxing
 
 
@@ -100,9 +83,7 @@ class WriterResume:
 
 def replay_start(position: WriterPosition) -> int:
     """Index of the first input sample a writer resuming at ``position`` must be given again."""
-    assert position.audio_time % AAC_FRAME == 0, "a mark never follows the final, short AAC packet"
-    in_file = max(0, position.audio_time - AAC_PRIMING)  # input samples whose packets are in the file
-    return max(0, in_file - _PREROLL_FRAMES * AAC_FRAME)
+    return replay_from(position.audio_time)
 
 
 @dataclass(frozen=True)
@@ -112,84 +93,65 @@ class _Chunk:
     opens_gop: bool  # its first frame starts a GOP: fresh encoders, an IDR frame
 
 
-class _AudioHistory:
-    """The last ``size`` input samples, kept for the AAC restart at a GOP start."""
-
-    def __init__(self, channels: int, size: int) -> None:
-        self.data = np.zeros((channels, 0), np.float32)  # (C, <= size)
-        self.end = 0  # index of the sample after the last one kept
-        self.size = size
-
-    def add(self, audio: np.ndarray) -> None:
-        self.data = np.concatenate([self.data, audio], axis=1)[:, -self.size :]
-        self.end += audio.shape[1]
-
-    def since(self, start: int) -> np.ndarray:
-        """Samples [start, end) as (C, end - start)."""
-        assert self.end - self.data.shape[1] <= start <= self.end, "the AAC restart reaches back further than kept"
-        return self.data[:, start - self.end + self.data.shape[1] :]
-
-
 @dataclass(frozen=True)
 class _Mark:
     callback: Callable[[WriterPosition], None]
 
 
-class _Aborted(Exception):
+@dataclass(frozen=True)
+class _GopEnd:
     pass
 
 
+@dataclass(frozen=True)
+class _Close:
+    at_gop_start: bool  # the stream ends at a resume point
+
+
 class Mp4Writer:
-    """Encodes chunks of frames + audio into ``spec.path`` on a background thread.
+    """Encodes chunks of frames + audio on a background thread into ``spec.path`` (no file when it is
+    None) and ``sinks``.
 
     ``put`` keeps the frames it is given until they are encoded (it copies the audio only), so the
     caller must leave them unchanged. Usable as a context manager:
     the file is closed on normal exit and aborted on an exception. With ``resume``, the existing file
-    is cut back to ``resume.position`` and continued.
+    is cut back to ``resume.position`` and continued; the sinks are opened where it stands.
     """
 
-    def __init__(self, spec: WriterSpec, *, resume: Optional[WriterResume] = None):
+    def __init__(self, spec: WriterSpec, *, resume: Optional[WriterResume] = None, sinks: Sequence[Sink] = ()):
         self.spec = spec
-        self._queue: queue.Queue[Union[_Chunk, _Mark, None]] = queue.Queue()
+        self._queue: queue.Queue[Union[_Chunk, _Mark, _GopEnd, _Close, None]] = queue.Queue()
         self._room = threading.Semaphore(spec.queue_chunks)  # chunks (not marks) that may wait in the queue
         self._abort = threading.Event()
         self._error: Optional[AvatarRenderError] = None
         self._stats: Optional[WriterStats] = None
         self._faststart = True
         start = resume.position if resume is not None else WriterPosition(0, 0, 0, 0, 0, 0)
-        self._frames_put = self._frames_encoded = self._frames_written = start.frames
-        self._samples_put = self._samples_done = start.audio_samples
+        self._frames_put = self._frames_written = start.frames
+        self._samples_put = start.audio_samples
         self._gop_frames = math.ceil(spec.gop_seconds * spec.fps)  # shortest GOP
         self._gop_start: int | None = None  # (main thread) first frame of the GOP being put
         self._next_opens = True  # (main thread) the next chunk put opens a GOP
-        self._fresh = True  # (writer thread) the encoders have encoded nothing yet
-        self._history = _AudioHistory(spec.audio_channels, _HISTORY_SAMPLES)
         self._first_frame_on_disk: Optional[float] = None
         self._encode_seconds = 0.0
+        self._sinks: list[Sink] = []
 
+        self._file = None if spec.path is None else FileSink(spec, resume=(start.bytes, start.sequence) if resume else None)
         try:
-            # A new file is created, never opened over anything there; a resumed one is never followed through a link.
-            self._file: BinaryIO = create_new(spec.path) if resume is None else open_own(spec.path, "r+b")
-        except OSError as exc:
-            raise AvatarRenderError(create_error(spec.path, exc)) from None
-        try:
-            self._video = open_video_encoder(spec)
-            self._audio = open_audio_encoder(spec)
-            self._fifo = av.AudioFifo()
-            self._audio_pts = 0  # samples sent to the AAC encoder
-            self._audio_skip = 0  # packets of a restarted AAC encoder that the file already holds
-            tracks = Tracks(spec.width, spec.height, spec.fps, spec.audio_rate, spec.audio_channels,
-                            spec.audio_bitrate, self._video.extradata, self._audio.extradata)
+            self._encoder = ChunkEncoder(spec, frames=start.frames, samples=start.audio_samples, audio_time=start.audio_time)
             state = MuxerState(start.sequence, start.video_time, start.audio_time)
-            self._muxer = Fmp4Muxer(self._file, tracks, state)
-            if resume is None:
-                self._muxer.write_init()
-            else:
-                self._cut_back(resume)
+            if self._file is not None:
+                self._file.open(self._encoder.tracks, state, first_frame=start.frames)
+            if resume is not None:
+                self._encoder.resume(resume.replay)
+            for sink in sinks:
+                sink.open(self._encoder.tracks, state, first_frame=start.frames)
+                self._sinks.append(sink)
         except BaseException as exc:
-            self._file.close()
-            if resume is None:
-                spec.path.unlink(missing_ok=True)
+            for sink in self._sinks:
+                sink.abort()
+            if self._file is not None:
+                self._file.discard()
             if isinstance(exc, OSError):
                 raise AvatarRenderError(write_error(spec.path, exc)) from None
             if isinstance(exc, av.error.FFmpegError):
@@ -201,7 +163,7 @@ class Mp4Writer:
 
     @property
     def frames_written(self) -> int:
-        """Frames in complete fragments on disk so far."""
+        """Frames handed to the sinks (in complete fragments on disk) so far."""
         return self._frames_written
 
     def put(self, frames: np.ndarray, audio: np.ndarray) -> None:
@@ -221,28 +183,32 @@ class Mp4Writer:
         self._frames_put += len(chunk.frames)
         self._samples_put += chunk.audio.shape[1]
 
-    def boundary(self) -> bool:
+    def boundary(self, *, last: bool = False) -> bool:
         """A point where a render could be resumed (between two chunks put). True when a GOP opens
         here: then the next chunk starts one, and a ``mark`` here is a point a resumed writer joins
-        byte for byte."""
+        byte for byte. The sinks are told at once that a GOP ended, except at the ``last`` boundary,
+        where ``close`` ends it (with the audio the encoder still holds)."""
         if self._gop_start is None or self._frames_put - self._gop_start >= self._gop_frames:
+            if not self._next_opens and not last:
+                self._enqueue(_GopEnd())
             self._next_opens = True
         return self._next_opens
 
     def mark(self, callback: Callable[[WriterPosition], None]) -> None:
         """Call ``callback(position)`` on the writer thread once everything put so far is on disk;
-        only where the next chunk opens a GOP. An exception the callback raises (an
-        AvatarRenderError) stops the writer and reaches the caller."""
+        only where the next chunk opens a GOP, and only with a file. An exception the callback raises
+        (an AvatarRenderError) stops the writer and reaches the caller."""
         assert self._next_opens, "a resume point must fall on a GOP start"
+        assert self._file is not None, "a resume point needs the file"
         self._enqueue(_Mark(callback))
 
     def close(self, *, faststart: bool = True) -> WriterStats:
-        """Write everything queued, finish the file and return statistics. With ``faststart`` the
-        fragmented file is then replaced by a regular MP4 (see ``remux_faststart``)."""
+        """Write everything queued, end every sink's stream, finish the file and return statistics.
+        With ``faststart`` the fragmented file is then replaced by a regular MP4 (see ``remux_faststart``)."""
         if self._stats is None:
             self._faststart = faststart
             try:
-                self._enqueue(None)
+                self._enqueue(_Close(at_gop_start=self._next_opens))
             except AvatarRenderError:
                 self._thread.join(timeout=10.0)
                 raise
@@ -252,14 +218,15 @@ class Mp4Writer:
             self._stats = WriterStats(
                 frames=self._frames_put,
                 audio_samples=self._samples_put,
-                bytes=os.path.getsize(self.spec.path),
+                bytes=0 if self.spec.path is None else os.path.getsize(self.spec.path),
                 first_frame_on_disk_s=self._first_frame_on_disk,
                 encode_seconds=self._encode_seconds,
             )
         return self._stats
 
     def abort(self) -> None:
-        """Stop without writing what is queued; the file keeps its complete fragments. Never raises."""
+        """Stop without writing what is queued; the file keeps its complete fragments, the live
+        streams end at once. Never raises."""
         self._abort.set()
         try:
             while True:
@@ -280,49 +247,24 @@ class Mp4Writer:
         else:
             self.abort()
 
-    def _enqueue(self, item: Union[_Chunk, _Mark, None]) -> None:
+    def _enqueue(self, item: Union[_Chunk, _Mark, _GopEnd, _Close]) -> None:
         while True:
             if self._error is not None:
                 raise self._error
             if self._abort.is_set() or self._stats is not None or not self._thread.is_alive():
-                raise AvatarRenderError(f"The writer for {shown(self.spec.path)} is already closed.")
+                raise AvatarRenderError(f"The writer for {self._name} is already closed.")
             if not isinstance(item, _Chunk) or self._room.acquire(timeout=0.1):
                 self._queue.put(item)
                 return
 
-    def _cut_back(self, resume: WriterResume) -> None:
-        """Check the file against ``resume``, cut it to the position and load the AAC pre-roll."""
-        position, path = resume.position, self.spec.path
-        init = self._muxer.init_segment()
-        if self._file.read(len(init)) != init:
-            raise AvatarRenderError(f"The partial video {shown(path)} was written with other encoder settings or versions.")
-        try:
-            if os.fstat(self._file.fileno()).st_size < position.bytes:
-                raise ValueError("it is shorter than the journal says")
-            sequence = scan_fragments(self._file, position.bytes)
-        except ValueError as exc:
-            raise AvatarRenderError(f"The partial video {shown(path)} does not match its journal: {exc}.") from None
-        if sequence != position.sequence:
-            raise AvatarRenderError(f"The partial video {shown(path)} does not match its journal: it ends at fragment {sequence}, not {position.sequence}.")
-        self._file.truncate(position.bytes)
-        self._file.seek(position.bytes)
-        start = replay_start(position)
-        if resume.replay.shape != (self.spec.audio_channels, position.audio_samples - start):
-            raise ValueError(f"replay audio must be {(self.spec.audio_channels, position.audio_samples - start)}, got {resume.replay.shape}")
-        replay = np.array(resume.replay, dtype=np.float32, order="C")
-        self._history.end = start
-        self._history.add(replay)
-        self._replay_audio(position, replay)
-
-    def _replay_audio(self, position: WriterPosition, replay: np.ndarray) -> None:
-        """Feed a fresh AAC encoder the samples from ``replay_start(position)`` on; drop its packets
-        that the file already holds."""
-        self._audio_skip = position.audio_time // AAC_FRAME - replay_start(position) // AAC_FRAME
-        self._fifo_write(replay)
+    @property
+    def _name(self) -> str:
+        return "the live stream" if self.spec.path is None else shown(self.spec.path)
 
     # Everything below runs on the writer thread.
 
     def _run(self) -> None:
+        ended = False
         try:
             try:
                 while True:
@@ -331,97 +273,56 @@ class Mp4Writer:
                         break
                     if isinstance(item, _Mark):
                         item.callback(self._position())
-                        continue
-                    start = time.perf_counter()
-                    self._write_chunk(item)
-                    self._room.release()
-                    self._encode_seconds += time.perf_counter() - start
-                start = time.perf_counter()
-                if not self._abort.is_set():
-                    if self._next_opens and not self._fresh:  # a resume point at the end: flush as a resumed writer would
-                        self._restart_encoders()
-                    self._write_fragment(self._video_samples(self._video.encode(None)), self._encode_audio(final=True))
+                    elif isinstance(item, _GopEnd):
+                        for sink in self._sinks:
+                            sink.end_gop()
+                    elif isinstance(item, _Close):
+                        start = time.perf_counter()
+                        self._send(self._encoder.finish(at_gop_start=item.at_gop_start))
+                        self._encode_seconds += time.perf_counter() - start
+                        for sink in self._sinks:
+                            sink.close()
+                        ended = True
+                        break
+                    else:
+                        start = time.perf_counter()
+                        self._send(self._encoder.encode(item.frames, item.audio, opens_gop=item.opens_gop, abort=self._abort))
+                        self._room.release()
+                        self._encode_seconds += time.perf_counter() - start
             finally:
-                self._file.close()
-            if not self._abort.is_set() and self._faststart and self._muxer.sequence:  # something to copy
+                if not ended:
+                    for sink in self._sinks:
+                        sink.abort()
+                if self._file is not None:
+                    self._file.close()
+            if ended and self._faststart and self._file is not None and self._file.muxer.sequence:  # something to copy
+                start = time.perf_counter()
                 remux_faststart(self.spec.path, self.spec.path)
                 self._encode_seconds += time.perf_counter() - start
-        except _Aborted:
+        except Aborted:
             pass
         except AvatarRenderError as exc:
             self._error = exc
         except OSError as exc:
             self._error = AvatarRenderError(write_error(self.spec.path, exc))
         except Exception as exc:  # an encoder failure; surfaced to the caller as one sentence
-            self._error = AvatarRenderError(f"Could not encode {shown(self.spec.path)}: {exc}.")
+            self._error = AvatarRenderError(f"Could not encode {self._name}: {exc}.")
 
     def _position(self) -> WriterPosition:
-        assert self._frames_written == self._frames_encoded, "x264 runs with zero latency"
-        m = self._muxer.state
-        return WriterPosition(bytes=self._file.tell(), sequence=m.sequence, video_time=m.video_time,
-                              audio_time=m.audio_time, frames=self._frames_written, audio_samples=self._samples_done)
+        assert self._frames_written == self._encoder.frames, "x264 runs with zero latency"
+        m = self._file.muxer.state
+        return WriterPosition(bytes=self._file.bytes, sequence=m.sequence, video_time=m.video_time,
+                              audio_time=m.audio_time, frames=self._frames_written, audio_samples=self._encoder.samples)
 
-    def _write_chunk(self, chunk: _Chunk) -> None:
-        if chunk.opens_gop and not self._fresh:
-            self._restart_encoders()
-        self._fresh = False
-        video: list[Sample] = []
-        for i, rgb in enumerate(chunk.frames):
-            if self._abort.is_set():
-                raise _Aborted
-            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-            frame = frame.reformat(format="yuv420p", dst_colorspace="ITU709", dst_color_range="MPEG")
-            frame.pts = self._frames_encoded
-            self._frames_encoded += 1
-            if i == 0 and chunk.opens_gop:
-                frame.pict_type = av.video.frame.PictureType.I  # with forced-idr=1: an IDR frame
-            video += self._video_samples(self._video.encode(frame))
-        self._fifo_write(chunk.audio)
-        self._history.add(chunk.audio)
-        self._samples_done += chunk.audio.shape[1]
-        self._write_fragment(video, self._encode_audio(final=False))
-
-    def _restart_encoders(self) -> None:
-        """Fresh encoders for a new GOP, started as a resumed writer starts them at this point."""
-        position = self._position()
-        left = self._video.encode(None)  # zero latency: nothing is held back
-        assert not left, "x264 held frames back"
-        self._video = open_video_encoder(self.spec)
-        self._audio = open_audio_encoder(self.spec)
-        self._fifo = av.AudioFifo()
-        self._audio_pts = 0
-        self._replay_audio(position, self._history.since(replay_start(position)))
-
-    def _fifo_write(self, audio: np.ndarray) -> None:
-        if audio.shape[1]:
-            planar = av.AudioFrame.from_ndarray(audio, format="fltp", layout=self._audio.layout.name)
-            planar.sample_rate = self.spec.audio_rate
-            self._fifo.write(planar)
-
-    def _video_samples(self, packets: list[av.Packet]) -> list[Sample]:
-        duration = self._muxer.frame_duration
-        return [Sample(annexb_to_avcc(bytes(p)), duration, p.is_keyframe) for p in packets]
-
-    def _encode_audio(self, final: bool) -> list[Sample]:
-        packets: list[av.Packet] = []
-        while self._fifo.samples >= AAC_FRAME or (final and self._fifo.samples):
-            frame = self._fifo.read(min(AAC_FRAME, self._fifo.samples))
-            frame.pts = self._audio_pts
-            frame.time_base = Fraction(1, self.spec.audio_rate)
-            self._audio_pts += frame.samples
-            packets += self._audio.encode(frame)
-        if final:
-            packets += self._audio.encode(None)
-        if self._audio_skip:
-            skipped, self._audio_skip = min(self._audio_skip, len(packets)), max(0, self._audio_skip - len(packets))
-            packets = packets[skipped:]
-        # Packet durations count samples; the last packet's covers only the real samples it holds.
-        return [Sample(bytes(p), int(p.duration or AAC_FRAME), True) for p in packets]
-
-    def _write_fragment(self, video: list[Sample], audio: list[Sample]) -> None:
-        if not video and not audio:
+    def _send(self, fragment: Fragment) -> None:
+        if not fragment.video and not fragment.audio:
             return
-        self._muxer.write_fragment(video, audio)
-        self._frames_written += len(video)
-        if video and self._first_frame_on_disk is None:
+        if self._file is not None:
+            self._file.write(fragment)
+        self._frames_written += len(fragment.video)
+        if fragment.video and self._first_frame_on_disk is None:
             self._first_frame_on_disk = time.perf_counter()
+        for sink in self._sinks:
+            sink.write(fragment)
+        if self._file is None and self._sinks and all(sink.failed for sink in self._sinks):
+            raise self._sinks[0].failed

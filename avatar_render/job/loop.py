@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial as bind
@@ -28,6 +29,7 @@ from avatar_render.io.writer import (
     remux_faststart,
 )
 from avatar_render.job.journal import ChunkRecord, Commit, Journal, snapshot
+from avatar_render.job.live import Live
 from avatar_render.job.output import move_into_place, partial_path
 from avatar_render.job.resume import replay_audio
 from avatar_render.job.setup import Prepared
@@ -60,17 +62,25 @@ class _Tally:
 
 
 class ChunkLoop:
-    def __init__(self, request: RenderRequest, job: Prepared, telemetry: Telemetry, journal: Journal, *,
-                 on_progress: Optional[Callable[[Progress], None]], should_stop: Callable[[], bool]) -> None:
+    """Without an output (``request.output`` None: live only) there is no file and no journal: no
+    resume points are marked, and nothing is left behind."""
+
+    def __init__(self, request: RenderRequest, job: Prepared, telemetry: Telemetry, journal: Optional[Journal], *,
+                 on_progress: Optional[Callable[[Progress], None]], should_stop: Callable[[], bool],
+                 live: Optional[Live] = None) -> None:
         self.request, self.cfg, self.job = request, request.config, job
         self.telemetry, self.journal = telemetry, journal
         self.on_progress, self.should_stop = on_progress, should_stop
-        self.output = Path(request.output)
-        self.partial = partial_path(self.output)
+        self.live = live
+        self.output = None if request.output is None else Path(request.output)
+        self.partial = None if self.output is None else partial_path(self.output)
+        assert (journal is None) == (self.output is None), "a journal exactly when there is an output"
         self.t_ready = 0.0
+        self.t_ready_monotonic = 0.0
 
     def run(self, point: Optional[Point], prior: Optional[Commit]) -> RenderReport:
         self.t_ready = self.telemetry.elapsed()
+        self.t_ready_monotonic = time.monotonic()
         for r in point[1] if point else ():
             self.telemetry.chunk_done(**dataclasses.asdict(r), from_journal=True)
         tally = _Tally.after(prior)
@@ -86,23 +96,27 @@ class ChunkLoop:
             if explained is exc:
                 raise
             raise explained from None
-        self.partial.unlink(missing_ok=True)
-        self.journal.discard()
+        if self.output is not None:
+            self.partial.unlink(missing_ok=True)
+            self.journal.discard()
         return self._report(stats, tally)
 
     def _open_writer(self, checkpoint: Optional[Checkpoint], prior: Optional[Commit]) -> Mp4Writer:
         cfg, info = self.cfg, self.job.audio.info
+        gop = cfg.video.gop_seconds if self.live is None else self.live.gop_seconds(cfg)
         spec = WriterSpec(
             path=self.partial, width=cfg.video.width, height=cfg.video.height, fps=cfg.fps,
             crf=cfg.video.crf, preset=cfg.video.preset, audio_rate=info.output_rate, audio_channels=info.output_channels,
-            audio_bitrate=cfg.video.audio_bitrate, queue_chunks=cfg.run.queue_chunks, gop_seconds=cfg.video.gop_seconds,
+            audio_bitrate=cfg.video.audio_bitrate, queue_chunks=cfg.run.queue_chunks, gop_seconds=gop,
         )
         try:
+            sinks = [] if self.live is None else self.live.make_sinks(
+                spec, first_frame=prior.writer.frames if prior else 0, total_seconds=self._total_seconds)
             if prior is None:
-                return Mp4Writer(spec)
+                return Mp4Writer(spec, sinks=sinks)
             replay = replay_audio(self.job.audio, checkpoint, prior, self.job.pipeline)
             try:
-                return Mp4Writer(spec, resume=WriterResume(position=prior.writer, replay=replay))
+                return Mp4Writer(spec, resume=WriterResume(position=prior.writer, replay=replay), sinks=sinks)
             except AvatarRenderError as exc:
                 raise AvatarRenderError(f"{str(exc).rstrip('.')}; start over with --force instead of --resume.") from None
         except BaseException:
@@ -122,11 +136,12 @@ class ChunkLoop:
             if isinstance(item, Published):
                 hashed.append(self._publish(writer, item, tally))
                 continue
-            if not writer.boundary():
+            if not writer.boundary(last=item.last_plan.last):
                 continue
-            with self.telemetry.stage("journal"):
-                writer.mark(bind(self._commit, snapshot(item), hashed, plans_done=item.plans_done,
-                                 frames=tally.frames, audio_samples=tally.samples))
+            if self.journal is not None:
+                with self.telemetry.stage("journal"):
+                    writer.mark(bind(self._commit, snapshot(item), hashed, plans_done=item.plans_done,
+                                     frames=tally.frames, audio_samples=tally.samples))
             hashed = []
             if self.should_stop() and not item.last_plan.last:  # (after the last plan, finishing is cheaper)
                 writer.close(faststart=False)
@@ -142,11 +157,18 @@ class ChunkLoop:
         if tally.first_frame_s is None:
             tally.first_frame_s = telemetry.elapsed() - self.t_ready
         tally.frames, tally.samples, tally.chunks = item.end, tally.samples + item.audio.shape[1], tally.chunks + 1
+        progress = Progress(chunks_done=tally.chunks, frames_done=tally.frames, frames_total=self._total(tally),
+                            elapsed_s=telemetry.elapsed() - self.t_ready, fps=float(self.cfg.fps), frames_resumed=tally.resumed)
         if self.on_progress is not None:
-            self.on_progress(Progress(chunks_done=tally.chunks, frames_done=tally.frames, frames_total=self._total(tally),
-                                      elapsed_s=telemetry.elapsed() - self.t_ready, fps=float(self.cfg.fps),
-                                      frames_resumed=tally.resumed))
+            self.on_progress(progress)
+        if self.live is not None:
+            self.live.on_progress(progress, generated_fps=(tally.frames - tally.resumed) / max(progress.elapsed_s, 1e-9))
         return record, telemetry.chunk_stamp()
+
+    def _total_seconds(self) -> Optional[float]:
+        """The video's length in seconds as far as it is known (exact once the audio is read to its end)."""
+        total = self._total(_Tally())
+        return None if total is None else float(total / self.cfg.fps)
 
     def _total(self, tally: _Tally) -> Optional[int]:
         """Frames in the whole video: exact once the audio is read to its end, else the container's estimate."""
@@ -171,6 +193,8 @@ class ChunkLoop:
             stats = writer.close(faststart=False)
         for future, stamp in uncommitted:
             self.telemetry.chunk_done(stamp=stamp, **dataclasses.asdict(future.result()))
+        if self.output is None:
+            return stats
         with self.telemetry.stage("write"):
             complete = self.journal.dir / "complete.mp4"
             remux_faststart(self.partial, complete)
@@ -185,7 +209,7 @@ class ChunkLoop:
             return self._stopped(at_once=True)
         if isinstance(exc, CannotResume):
             return AvatarRenderError(f"{str(exc).rstrip('.')}; start over with --force instead of --resume.")
-        if self._forget_if_empty() or not isinstance(exc, AvatarRenderError):
+        if self._forget_if_empty() or not isinstance(exc, AvatarRenderError) or self.journal is None:
             return exc
         if isinstance(exc, InputError):  # the fixed input is another input: a resume would be refused
             return AvatarRenderError(f"{str(exc).rstrip('.')}; then start over with --force.")
@@ -194,6 +218,8 @@ class ChunkLoop:
 
     def _forget_if_empty(self) -> bool:
         """Remove the partial file and the journal when no frame was committed (nothing worth keeping)."""
+        if self.journal is None:
+            return False
         commit = self.journal.commit_info
         if commit is not None and commit.frames:
             return False
@@ -203,7 +229,7 @@ class ChunkLoop:
 
     def _stopped(self, *, at_once: bool) -> RenderStopped:
         self._forget_if_empty()
-        commit = self.journal.commit_info
+        commit = None if self.journal is None else self.journal.commit_info
         frames = commit.frames if commit else 0
         return RenderStopped(output=self.output, partial=self.partial, frames=frames,
                              seconds=float(frames / self.cfg.fps), at_once=at_once)
@@ -214,14 +240,15 @@ class ChunkLoop:
         gen_s = max(wall - self.t_ready, 1e-9)
         duration = tally.samples / self.job.audio.info.output_rate
         on_disk = None if stats.first_frame_on_disk_s is None else round(stats.first_frame_on_disk_s - telemetry.t0 - self.t_ready, 4)
+        live = None if self.live is None else self.live.figures(self.t_ready_monotonic)
         report = RenderReport(
-            output=str(self.output), frames=tally.frames, fps=float(cfg.fps), width=cfg.video.width, height=cfg.video.height,
+            output=str(self.output) if self.output is not None else self.live.shown, frames=tally.frames, fps=float(cfg.fps), width=cfg.video.width, height=cfg.video.height,
             duration_s=round(duration, 4), num_chunks=tally.chunks, face_detected=self.job.static.face_detected,
             inputs_s=round(self.t_ready, 4), time_to_first_frame_s=round(tally.first_frame_s or 0.0, 4), first_frame_on_disk_s=on_disk,
             wall_s=round(wall, 4), generated_fps=round((tally.frames - tally.resumed) / gen_s, 2),
             realtime_factor=round((duration - tally.resumed / float(cfg.fps)) / wall, 3),
             peak_rss_mb=round(peak_rss_mb(), 1), stage_s={k: round(v, 4) for k, v in telemetry.stage_seconds.items()},
-            resumed_frames=tally.resumed, peak_gpu_mb=None if (gpu := peak_gpu_mb()) is None else round(gpu, 1),
+            resumed_frames=tally.resumed, peak_gpu_mb=None if (gpu := peak_gpu_mb()) is None else round(gpu, 1), live=live,
         )
         if self.request.report is not None:
             summary = {**dataclasses.asdict(report), "config": OmegaConf.to_container(OmegaConf.structured(cfg))}

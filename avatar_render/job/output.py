@@ -60,7 +60,7 @@ def _check_name_length(output: Path) -> None:
         )
 
 
-def check_report(report: Optional[Path], output: Path, *, force: bool) -> None:
+def check_report(report: Optional[Path], output: Optional[Path], *, force: bool) -> None:
     """The report's path, before the first frame: a file in a writable folder, not the output."""
     if report is None:
         return
@@ -72,7 +72,7 @@ def check_report(report: Optional[Path], output: Path, *, force: bool) -> None:
         raise AvatarRenderError(f"Cannot write the report to {shown(report)}: the folder {shown(report.parent)} is not writable.")
     if report.is_symlink() and not force:
         raise AvatarRenderError(f"The report path {shown(report)} is a symbolic link; pass --force to replace the link (it is never written through).")
-    if os.path.abspath(report) == os.path.abspath(output) or _same_file(report, output):
+    if output is not None and (os.path.abspath(report) == os.path.abspath(output) or _same_file(report, output)):
         raise AvatarRenderError(f"The report and the output are the same file {shown(report)}; give them different names.")
 
 

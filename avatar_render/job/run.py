@@ -18,6 +18,7 @@ from avatar_render.job.journal import (
     identity,
     journal_path,
 )
+from avatar_render.job.live import Live
 from avatar_render.job.loop import ChunkLoop
 from avatar_render.job.output import (
     check_not_inputs,
@@ -29,6 +30,7 @@ from avatar_render.job.output import (
 )
 from avatar_render.job.resume import prior_commit
 from avatar_render.job.setup import prepared
+from avatar_render.job.stop import RenderStopped, StopNow
 from avatar_render.job.types import OnMessage, Progress, RenderReport, RenderRequest
 from avatar_render.pipeline.state import Checkpoint
 from avatar_render.pipeline.types import StaticConditioning
@@ -39,8 +41,28 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry, on_prog
             on_message: OnMessage, should_stop: Callable[[], bool]) -> RenderReport:
     """Everything is checked that can be before the models load; the journal then says whether this
     render starts afresh or goes on from an interrupted one (the resume point is handed to the other
-    processes of a launch)."""
+    processes of a launch). Live sinks are checked (and the watch server started) first of all."""
+    live = Live(request, on_message=on_message) if request.live.active else None
+    try:
+        report = _run(request, mesh, live, telemetry=telemetry, on_progress=on_progress, on_message=on_message,
+                      should_stop=should_stop)
+    except BaseException as exc:
+        if live is not None:
+            live.ended("stopped" if isinstance(exc, (RenderStopped, StopNow)) else "failed", should_stop=should_stop)
+            live.close()
+        raise
+    if live is not None:
+        live.ended("finished", should_stop=should_stop)
+        live.close()
+    return report
+
+
+def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry: Telemetry,
+         on_progress: Optional[Callable[[Progress], None]], on_message: OnMessage, should_stop: Callable[[], bool]) -> RenderReport:
     cfg = request.config
+    if request.output is None:
+        return _run_live_only(request, mesh, live, telemetry=telemetry, on_progress=on_progress, on_message=on_message,
+                              should_stop=should_stop)
     output = Path(request.output)
     if finished_before(output):
         on_message("info", f"{shown(output)} was complete; the files its render had left beside it are removed.")
@@ -50,6 +72,7 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry, on_prog
     report = None if request.report is None else Path(request.report)
     check_report(report, output, force=request.force)
     written = {"output": output, "partial file": partial_path(output), "resume journal": journal_path(output)}
+    written.update(_playlists(live))
     inputs = {"reference": Path(request.reference), "audio": Path(request.audio)}
     if request.config_file is not None:
         inputs["config"] = Path(request.config_file)
@@ -66,11 +89,34 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry, on_prog
             _check_face(job.static, request, on_message)
             journal, point = _start(journal, request, prior, telemetry, on_message)
             broadcast(mesh, point[0] if point else None)
-            loop = ChunkLoop(request, job, telemetry, journal, on_progress=on_progress, should_stop=should_stop)
+            loop = ChunkLoop(request, job, telemetry, journal, on_progress=on_progress, should_stop=should_stop, live=live)
             return loop.run(point, prior)
     finally:
         if journal is not None:
             journal.close()
+
+
+def _run_live_only(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry: Telemetry,
+                   on_progress: Optional[Callable[[Progress], None]], on_message: OnMessage,
+                   should_stop: Callable[[], bool]) -> RenderReport:
+    """No output file: no journal, nothing to resume; the live sinks are the only outputs."""
+    if live is None:
+        raise AvatarRenderError("Give an output file (-o), a live target (--live) or --serve.")
+    if request.resume:
+        raise AvatarRenderError("--resume needs -o: the resume journal lives beside the output file.")
+    inputs = {"reference": Path(request.reference), "audio": Path(request.audio)}
+    if request.config_file is not None:
+        inputs["config"] = Path(request.config_file)
+    check_not_inputs(inputs, _playlists(live))
+    if request.report is not None:
+        check_report(Path(request.report), None, force=request.force)
+    with prepared(request.config, Path(request.reference), Path(request.audio), mesh, clock=telemetry.stage) as job:
+        for note in job.pipeline.notes:
+            on_message("warning", note)
+        _check_face(job.static, request, on_message)
+        broadcast(mesh, None)
+        loop = ChunkLoop(request, job, telemetry, None, on_progress=on_progress, should_stop=should_stop, live=live)
+        return loop.run(None, None)
 
 
 def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[Commit], telemetry: Telemetry,
@@ -92,6 +138,11 @@ def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[C
     partial_path(output).unlink(missing_ok=True)  # (only ever this journal's: check_partial)
     journal.begin(ident)
     return journal, None
+
+
+def _playlists(live: Optional[Live]) -> dict[str, Path]:
+    paths = [t.path for t in (live.targets if live else ()) if t.path is not None]
+    return {"playlist" if i == 0 else f"playlist {i + 1}": path for i, path in enumerate(paths)}
 
 
 def _check_face(static: StaticConditioning, request: RenderRequest, on_message: OnMessage) -> None:

@@ -25,13 +25,15 @@ class StopNow(BaseException):
 class RenderStopped(Exception):
     """The render stopped on request before its end; the partial output and its journal are kept."""
 
-    def __init__(self, *, output: Path, partial: Path, frames: int, seconds: float, at_once: bool) -> None:
+    def __init__(self, *, output: Optional[Path], partial: Optional[Path], frames: int, seconds: float, at_once: bool) -> None:
         self.output, self.partial, self.frames, self.seconds, self.at_once = output, partial, frames, seconds, at_once
         super().__init__(self.message)
 
     @property
     def message(self) -> str:
         how = "at once" if self.at_once else "at a keyframe"
+        if self.partial is None:  # a live render without a file
+            return f"Stopped {how}; the live stream was ended (a render without -o cannot be resumed)."
         if not self.frames:
             return f"Stopped {how}, before the first chunk was written; nothing to resume."
         if self.at_once:  # the file may hold chunks past the journal's last record

@@ -8,19 +8,38 @@ from typing import Callable, Literal, Optional
 
 from avatar_render.config import Config
 
-OnMessage = Callable[[Literal["info", "warning"], str], None]
+OnMessage = Callable[[Literal["info", "notice", "warning"], str], None]  # notice: shown even when quiet (a URL to watch)
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """Publishing while rendering (all off by default)."""
+
+    targets: tuple[str, ...] = ()  # rtmp://host/app/key, srt://host:port?..., PATH.m3u8, - (fMP4 on standard output)
+    serve: Optional[str] = None  # [ADDR:]PORT: the watch page and the HLS stream over HTTP (ADDR: the loopback)
+    underrun: str = "stall"  # push targets when generation is slower than real time: stall | hold | preroll
+    preroll_s: float = 1.0  # push targets: packet n leaves at start + its time + this
+    buffer_s: float = 10.0  # push targets: encoded media queued ahead of the wire (memory stays flat)
+    retry_s: float = 30.0  # push targets: a lost connection is retried this long, then given up
+    gop_seconds: float = 2.0  # keyframe interval (and HLS segment) of a live render, if below video.gop_seconds
+    linger_s: float = 10.0  # --serve: after the render, go on serving while the page was open this recently
+
+    @property
+    def active(self) -> bool:
+        return bool(self.targets) or self.serve is not None
 
 
 @dataclass(frozen=True)
 class RenderRequest:
     reference: Path
     audio: Path
-    output: Path
+    output: Optional[Path]  # the MP4 (the record); None: live only (needs live targets, no --resume)
     config: Config = field(default_factory=Config)
     force: bool = False  # replace an existing output file; discard an interrupted render's partial output
     report: Optional[Path] = None  # write a JSON report here
     resume: bool = False  # go on from an interrupted render's journal (start afresh when there is none)
     config_file: Optional[Path] = None  # the YAML file the config came from, if any (an input: never written over)
+    live: LiveOptions = field(default_factory=LiveOptions)
 
 
 @dataclass(frozen=True)
@@ -53,3 +72,4 @@ class RenderReport:
     stage_s: dict[str, float]
     resumed_frames: int = 0  # frames taken over from an interrupted run (not counted in the speeds)
     peak_gpu_mb: Optional[float] = None  # GPU memory allocated at the peak (this process), None without a GPU
+    live: Optional[dict] = None  # per live target: first frame out (s from the inputs being ready), stalls, drops, CPU

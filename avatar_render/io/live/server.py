@@ -1,0 +1,98 @@
+"""``--serve``: a small HTTP server (the loopback by default) for the growing HLS stream, a watch page
+with a player and the render's progress as JSON.
+
+The player is hls.js (Apache-2.0), shipped in the package (``static/``, its version in
+``static/HLSJS.md``), so nothing is fetched from another server when someone watches."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+from avatar_render.errors import AvatarRenderError
+
+_TYPES = {".m3u8": "application/vnd.apple.mpegurl", ".m4s": "video/iso.segment", ".mp4": "video/mp4"}
+_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def _static(name: str) -> bytes:
+    return resources.files("avatar_render.io.live").joinpath("static", name).read_bytes()
+
+
+class WatchServer:
+    """Serves ``folder``'s playlist ``playlist`` and its segments under /live/, the page at /, the
+    progress at /status.json. ``last_request`` (time.monotonic()) tells whether anyone is watching."""
+
+    def __init__(self, host: str, port: int, folder: Path, playlist: str) -> None:
+        self.folder, self.playlist = Path(folder), playlist
+        self.status: dict = {"state": "starting", "chunks": 0, "frames": 0, "frames_total": None,
+                             "generated_fps": 0.0, "realtime_factor": 0.0, "eta_s": None}
+        self.last_request: Optional[float] = None
+        self.first_segment_request: Optional[float] = None  # time.monotonic() of the first segment served
+        page = _static("watch.html").replace(b"PLAYLIST", playlist.encode())
+        files = {"/": (page, "text/html; charset=utf-8"),
+                 "/hls.light.min.js": (_static("hls.light.min.js"), "text/javascript")}
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+                server.last_request = time.monotonic()
+                path = self.path.split("?", 1)[0]
+                if path == "/favicon.ico":
+                    self._reply(b"", "image/x-icon", cache=True)
+                elif path in files:
+                    self._reply(*files[path], cache=True)
+                elif path == "/status.json":
+                    ready = (server.folder / server.playlist).is_file()  # the player starts once it is there
+                    self._reply(json.dumps({**server.status, "playlist": ready}).encode(), "application/json")
+                elif path.startswith("/live/") and _NAME.match(path[6:]) and Path(path[6:]).suffix in _TYPES:
+                    try:
+                        body = (server.folder / path[6:]).read_bytes()
+                    except OSError:
+                        self.send_error(HTTPStatus.NOT_FOUND)
+                        return
+                    if path.endswith(".m4s") and server.first_segment_request is None:
+                        server.first_segment_request = time.monotonic()
+                    self._reply(body, _TYPES[Path(path).suffix], cache=not path.endswith(".m3u8"))
+                else:
+                    self.send_error(HTTPStatus.NOT_FOUND)
+
+            def _reply(self, body: bytes, kind: str, *, cache: bool = False) -> None:
+                try:
+                    self.send_response(HTTPStatus.OK)
+                    self.send_header("Content-Type", kind)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.send_header("Cache-Control", "max-age=3600" if cache else "no-cache")
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet
+                pass
+
+        try:
+            self._httpd = ThreadingHTTPServer((host, port), Handler)
+        except OSError as exc:
+            raise AvatarRenderError(f"Cannot serve on {host}:{port}: {exc.strerror or exc}.") from None
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="watch-server", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}/"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
