@@ -32,6 +32,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("generation", "copy", "move")
 
+# The CLI, killed (SIGKILL, its whole process group) while it copies the finished fragmented file into a
+# regular MP4: when the copy has grown to a random share of the fragmented file's size (or, should the
+# copy be quicker than the watch, right after it, before it is moved into place). argv[1] is the seed.
+KILL_IN_COPY = """
+import os, random, signal, sys, threading, time
+from pathlib import Path
+from avatar_render.job import loop
+real, share = loop.remux_faststart, random.Random(int(sys.argv.pop(1))).uniform(0.05, 0.95)
+def remux(src, dst):
+    target, part = share * os.path.getsize(src), Path(dst).with_name(Path(dst).stem + ".remux" + Path(dst).suffix)
+    def watch():
+        while not (part.exists() and part.stat().st_size >= target):
+            time.sleep(0.0002)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True).start()
+    real(src, dst)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+loop.remux_faststart = remux
+from avatar_render.cli import main
+sys.argv = ["avatar-render", *sys.argv[1:]]
+main()
+"""
+
 # The CLI, killed (SIGKILL, its whole process group) right after the finished file is linked into place.
 KILL_IN_MOVE = """
 import os, signal, sys
@@ -65,8 +88,8 @@ class Campaign:
         long_speech(args.audio, self.audio, args.seconds)
         self.rng = random.Random(args.seed)
 
-    def command(self, output: Path, *extra: str, driver: str | None = None) -> list[str]:
-        cli = ["render", "--ref", str(self.a.ref), "--audio", str(self.audio), "-o", str(output), "-q", *extra]
+    def command(self, output: Path, *extra: str, driver: str | None = None, driver_args: tuple[str, ...] = ()) -> list[str]:
+        cli = [*driver_args, "render", "--ref", str(self.a.ref), "--audio", str(self.audio), "-o", str(output), "-q", *extra]
         if self.a.config:
             cli += ["-c", str(self.a.config)]
         cli += self.a.overrides
@@ -97,27 +120,24 @@ class Campaign:
         self.size = out.stat().st_size
         return sha256(out), time.monotonic() - t
 
-    def kill_once(self, output: Path, kind: str, duration: float, resume: bool) -> str:
+    def kill_once(self, output: Path, kind: str, resume: bool) -> str:
         """Start (or resume) the render, kill it as ``kind`` says; what happened, in words."""
         extra = ("--resume",) if resume else ()
-        if kind == "move":
-            proc = self.start(self.command(output, *extra, driver=KILL_IN_MOVE))
-            proc.wait()
-            return f"killed while moving into place (exit {proc.returncode})"
-        proc = self.start(self.command(output, *extra))
         journal = output.with_name(output.name + ".journal")
-        if kind == "copy":  # the final copy writes complete.remux.mp4 in the journal, then renames it
-            deadline = time.monotonic() + 10 * duration
-            while proc.poll() is None and time.monotonic() < deadline:
-                if (journal / "complete.remux.mp4").exists() or (journal / "complete.mp4").exists():
-                    break
-                time.sleep(0.0005)
-        else:  # a random point of the video: when the partial file has grown to that share of the finished one's size
-            partial = output.with_name(output.stem + ".partial.mp4")
-            have = partial.stat().st_size if partial.exists() else 0
-            target = self.rng.uniform(max(0.05, have / self.size), 0.97) * self.size
-            while proc.poll() is None and (not partial.exists() or partial.stat().st_size < target):
-                time.sleep(0.002)
+        if kind in ("move", "copy"):
+            driver, args = (KILL_IN_MOVE, ()) if kind == "move" else (KILL_IN_COPY, (str(self.rng.randrange(2**31)),))
+            proc = self.start(self.command(output, *extra, driver=driver, driver_args=args))
+            proc.wait()
+            where = "while moving into place" if kind == "move" else "during the final copy"
+            return f"killed {where} ({committed(journal)} frames committed, exit {proc.returncode})"
+        # Generation: killed at a random point of the video, when the partial file has grown to that
+        # share of the finished one's size (whatever the machine's load).
+        partial = output.with_name(output.stem + ".partial.mp4")
+        have = partial.stat().st_size if partial.exists() else 0
+        target = self.rng.uniform(max(0.05, have / self.size), 0.97) * self.size
+        proc = self.start(self.command(output, *extra))
+        while proc.poll() is None and (not partial.exists() or partial.stat().st_size < target):
+            time.sleep(0.002)
         alive = proc.poll() is None
         if alive:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -126,13 +146,13 @@ class Campaign:
             return f"{kind}: finished before the kill (exit {proc.returncode})"
         return f"killed during {kind} ({committed(journal)} frames committed)"
 
-    def trial(self, i: int, want: str, duration: float) -> bool:
+    def trial(self, i: int, want: str) -> bool:
         output = self.work / f"trial{i}.mp4"
         journal = output.with_name(output.name + ".journal")
         events = []
         for k in range(self.rng.randint(1, 3)):
             kind = want if k == 0 else self.rng.choice(KINDS)
-            events.append(self.kill_once(output, kind, duration, resume=k > 0))
+            events.append(self.kill_once(output, kind, resume=k > 0))
             if kind == "move" or (output.exists() and not journal.exists()):  # nothing left to interrupt
                 break
         self.kills += sum(e.startswith("killed") for e in events)
@@ -150,7 +170,7 @@ class Campaign:
         print(f"uninterrupted render: {duration:.1f} s, sha256 {self.expected[:16]}...", flush=True)
         kinds = [("generation", "copy", "generation", "move", "generation")[j % 5] for j in range(self.a.trials)]
         self.kills = 0
-        matched = sum(self.trial(i, kind, duration) for i, kind in enumerate(kinds))
+        matched = sum(self.trial(i, kind) for i, kind in enumerate(kinds))
         print(f"{matched} of {self.a.trials} trials ({self.kills} kills in all) resumed to a byte-identical MP4")
         return 0 if matched == self.a.trials else 1
 
