@@ -32,36 +32,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("generation", "copy", "move")
 
-# The CLI, killed (SIGKILL, its whole process group) while it copies the finished fragmented file into a
-# regular MP4: when the copy has grown to a random share of the fragmented file's size (or, should the
-# copy be quicker than the watch, right after it, before it is moved into place). argv[1] is the seed.
+# The CLI, stopped while it copies the finished fragmented file into a regular MP4 (when the copy has
+# grown to a random share of the fragmented file's size; should the copy be quicker than the watch,
+# right after it, before it is moved into place): it asks the campaign to kill the whole launch
+# (creates the file $CAMPAIGN_KILL) and waits. argv[1] is the seed.
 KILL_IN_COPY = """
-import os, random, signal, sys, threading, time
+import os, random, sys, threading, time
 from pathlib import Path
 from avatar_render.job import loop
 real, share = loop.remux_faststart, random.Random(int(sys.argv.pop(1))).uniform(0.05, 0.95)
+def ask_to_be_killed():
+    Path(os.environ["CAMPAIGN_KILL"]).touch()
+    time.sleep(3600)
 def remux(src, dst):
     target, part = share * os.path.getsize(src), Path(dst).with_name(Path(dst).stem + ".remux" + Path(dst).suffix)
     def watch():
         while not (part.exists() and part.stat().st_size >= target):
             time.sleep(0.0002)
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+        ask_to_be_killed()
     threading.Thread(target=watch, daemon=True).start()
     real(src, dst)
-    os.killpg(os.getpgrp(), signal.SIGKILL)
+    ask_to_be_killed()
 loop.remux_faststart = remux
 from avatar_render.cli import main
 sys.argv = ["avatar-render", *sys.argv[1:]]
 main()
 """
 
-# The CLI, killed (SIGKILL, its whole process group) right after the finished file is linked into place.
+# The CLI, stopped right after the finished file is linked into place (before the journal's copy is
+# removed): it asks the campaign to kill the whole launch and waits.
 KILL_IN_MOVE = """
-import os, signal, sys
+import os, sys, time
+from pathlib import Path
 from avatar_render.job import loop
 def move(src, dst, **kw):
     os.link(src, dst)
-    os.killpg(os.getpgrp(), signal.SIGKILL)
+    Path(os.environ["CAMPAIGN_KILL"]).touch()
+    time.sleep(3600)
 loop.move_into_place = move
 from avatar_render.cli import main
 sys.argv = ["avatar-render", *sys.argv[1:]]
@@ -83,7 +90,8 @@ def long_speech(src: Path, dst: Path, seconds: float) -> None:
 class Campaign:
     def __init__(self, work: Path, args: argparse.Namespace) -> None:
         self.work, self.a = work, args
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        self.kill_file = work / "kill-now"
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CAMPAIGN_KILL": str(self.kill_file)}
         self.audio = work / "speech.wav"
         long_speech(args.audio, self.audio, args.seconds)
         self.rng = random.Random(args.seed)
@@ -106,7 +114,7 @@ class Campaign:
 
     def start(self, cmd: list[str]) -> subprocess.Popen:
         return subprocess.Popen(cmd, cwd=self.work, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)  # its own process group, killed as a whole
+                                start_new_session=True)  # a session of its own (kill_tree ends all of it)
 
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
         return subprocess.run(cmd, cwd=self.work, env=self.env, capture_output=True, text=True)
@@ -126,10 +134,17 @@ class Campaign:
         journal = output.with_name(output.name + ".journal")
         if kind in ("move", "copy"):
             driver, args = (KILL_IN_MOVE, ()) if kind == "move" else (KILL_IN_COPY, (str(self.rng.randrange(2**31)),))
+            self.kill_file.unlink(missing_ok=True)
             proc = self.start(self.command(output, *extra, driver=driver, driver_args=args))
+            while proc.poll() is None and not self.kill_file.exists():
+                time.sleep(0.001)
+            landed = proc.poll() is None
+            kill_tree(proc.pid)
             proc.wait()
             where = "while moving into place" if kind == "move" else "during the final copy"
-            return f"killed {where} ({committed(journal)} frames committed, exit {proc.returncode})"
+            if not landed:
+                return f"{kind}: ended before the kill (exit {proc.returncode}) {proc.stderr.read().decode().strip()[-300:]}"
+            return f"killed {where} ({committed(journal)} frames committed)"
         # Generation: killed at a random point of the video, when the partial file has grown to that
         # share of the finished one's size (whatever the machine's load).
         partial = output.with_name(output.stem + ".partial.mp4")
@@ -140,7 +155,7 @@ class Campaign:
             time.sleep(0.002)
         alive = proc.poll() is None
         if alive:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
         proc.wait()
         if not alive:
             return f"{kind}: finished before the kill (exit {proc.returncode})"
@@ -173,6 +188,25 @@ class Campaign:
         matched = sum(self.trial(i, kind) for i, kind in enumerate(kinds))
         print(f"{matched} of {self.a.trials} trials ({self.kills} kills in all) resumed to a byte-identical MP4")
         return 0 if matched == self.a.trials else 1
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL to ``pid`` and every process below it (torchrun's workers run in sessions of their own, so
+    a process group is not enough): as a machine going down, or a scheduler ending the job, would."""
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def committed(journal: Path) -> int:
