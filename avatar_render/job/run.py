@@ -42,10 +42,6 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry, on_prog
     processes of a launch)."""
     cfg = request.config
     output = Path(request.output)
-    if finished_before(output):
-        on_message("info", f"{shown(output)} was complete; the files its render had left beside it are removed.")
-        if request.resume:
-            return _finished_report(output, cfg)
     check_output(output, force=request.force)
     report = None if request.report is None else Path(request.report)
     check_report(report, output, force=request.force)
@@ -71,6 +67,16 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry, on_prog
     finally:
         if journal is not None:
             journal.close()
+
+
+def finished_render(request: RenderRequest, on_message: OnMessage) -> Optional[RenderReport]:
+    """The report of a render of this output found finished (killed after it was put in place, before
+    it tidied up: the leftovers are removed), when the request resumes it; else None."""
+    output = Path(request.output)
+    if not finished_before(output):
+        return None
+    on_message("info", f"{shown(output)} was complete; the files its render had left beside it are removed.")
+    return _finished_report(output, request.config) if request.resume else None
 
 
 def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[Commit], telemetry: Telemetry,
