@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -226,7 +225,7 @@ def test_hls_playlist_continues_after_a_stop_and_resume(tmp_path: Path) -> None:
 def _fragments(spec: WriterSpec, chunks: int, frames: int):
     encoder = ChunkEncoder(spec)
     rng = np.random.default_rng(0)
-    for k in range(chunks):
+    for _k in range(chunks):
         n = round(frames * spec.audio_rate / spec.fps)
         yield encoder, encoder.encode(rng.integers(0, 256, (frames, spec.height, spec.width, 3), dtype=np.uint8),
                                       0.1 * rng.standard_normal((1, n)).astype(np.float32), opens_gop=True)

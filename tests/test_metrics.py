@@ -12,11 +12,11 @@ import pytest
 
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
+from avatar_render.face.layout import Box, layout_from_box
 from avatar_render.metrics.colour import ciede2000, rgb_to_lab
 from avatar_render.metrics.inspect import inspect_video
 from avatar_render.metrics.motion import PhaseCorrelator
 from avatar_render.metrics.seams import chunk_boundaries, measure_seams
-from avatar_render.face.layout import Box, layout_from_box
 from tests.media import speech_like, write_audio
 
 FPS = 25

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import random
-import resource
 import signal
 import subprocess
 import sys
@@ -19,22 +18,21 @@ import numpy as np
 import pytest
 
 from avatar_render.api import RenderRequest, render
-from avatar_render.distributed.mesh import single
-from avatar_render.job.output import partial_path
-from avatar_render.job.setup import build_pipeline
 from avatar_render.config import load_config
+from avatar_render.distributed.mesh import single
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import load_reference
 from avatar_render.io.writer import WriterPosition, replay_start
 from avatar_render.job.journal import Commit, Journal, journal_path, read_safetensors, write_safetensors
-from avatar_render.pipeline.schedule import ChunkPlan
-from avatar_render.pipeline.state import Checkpoint, Flat, RollingState, flatten, unflatten
+from avatar_render.job.output import partial_path
+from avatar_render.job.resume import replay_audio
+from avatar_render.job.setup import build_pipeline
+from avatar_render.job.stop import RenderStopped
+from avatar_render.pipeline.state import Checkpoint, Flat, flatten, unflatten
 from avatar_render.pipeline.types import Published, RequestInput
 from avatar_render.preview.engine import build_preview
 from avatar_render.preview.motion import MotionCarry
-from avatar_render.job.resume import replay_audio
-from avatar_render.job.stop import RenderStopped
 from tests.media import speech_like, write_audio
 
 ROOT = Path(__file__).resolve().parents[1]
