@@ -14,10 +14,11 @@ import torch
 
 from avatar_render.infinitetalk.types import AudioWindow, LatentChunk, ModelStatic
 from avatar_render.models.grid import latent_of, latents_in
-from avatar_render.models.sampler import Evaluate, SamplerConfig, sample, serial
+from avatar_render.models.sampler import Evaluate, SamplerConfig, passes, sample, serial
 from avatar_render.models.vae import WanVae
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.stage import Stage
+from avatar_render.telemetry import count
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,13 @@ def pinned(kind: str, carry: ContextCarry, static: ModelStatic, anchors: tuple) 
     return (static.ref_latent if carry.latents is None else carry.latents), 0
 
 
+def dit_tokens(config, latent_shape: tuple[int, ...]) -> int:
+    """Tokens of one DiT pass over latents [16, n, h, w] (all of them, whatever the processes share)."""
+    _, n, h, w = latent_shape
+    pt, ph, pw = config.patch_size
+    return (n // pt) * (h // ph) * (w // pw)
+
+
 class A2VStage(Stage[AudioWindow, LatentChunk]):
     name = "a2v"
     input_type = AudioWindow
@@ -56,6 +64,7 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
         self.context_frames = context_frames
         self.context_latents = latents_in(context_frames)  # m: latents that condition the next chunk
         self.context_mode = context_mode
+        count("dit_tokens", 0)  # declared: chunk records carry it from the first one on
 
     def modules(self) -> tuple[Module, ...]:
         return (self.dit, self.vae) if self.context_mode == "reencode" else (self.dit,)
@@ -100,6 +109,7 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
             return v[0].float()
 
         latents = sample(self.sampler, noise=noise.float().to(device), predict=predict, pin=pin, evaluate=self.evaluate).cpu()
+        count("dit_tokens", dit_tokens(model.config, noise.shape) * self.sampler.steps * len(passes(self.sampler)))
         if plan.kind == "I":
             return LatentChunk(plan=plan, latents=latents, first_latent=latent_of(plan.start)), carry
         new = latents if plan.start == 0 else latents[:, m:]  # N0 publishes its reference latent as frame 0
