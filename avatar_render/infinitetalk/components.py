@@ -139,7 +139,10 @@ class DiTModule(TorchModule):
         return WanAudioDiT(self.config)
 
     def read_weights(self, net: nn.Module) -> None:
-        read_dit_weights(net, self.root, audio=self.audio_module, dtype=self.dtype, loras=self.loras)
+        # Resident in one process: each tensor straight from the file's memory map to its device (no host
+        # copy on the way). Sharded or streamed: to the host, where the shards or the block streamer take them.
+        to = self.device if self.plan is None and not self.stream_blocks else "cpu"
+        read_dit_weights(net, self.root, audio=self.audio_module, dtype=self.dtype, loras=self.loras, device=to)
 
     @property
     def model(self) -> WanAudioDiT:
