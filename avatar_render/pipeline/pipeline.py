@@ -78,7 +78,8 @@ class Pipeline:
     # latent is the reference's): published before N0 is generated, so the first frame waits for no chunk.
     lead: Optional[Callable[[Any], Segment]] = None
     # Decode (and SR) a plan entry's frames in a thread of their own while the next entry is generated;
-    # the items yielded are the same, each publication and checkpoint one entry later.
+    # the items yielded are the same, each publication and checkpoint one entry later (from N1 on: N0's
+    # frames, the first sampled ones, go out at once).
     overlap_decode: bool = False
     # Entered around each decode job in that thread, made in the loop's thread when the job is handed
     # over (a GPU backend puts the decode on a stream of its own there, ordered after the work before).
@@ -165,9 +166,11 @@ class Pipeline:
             state = self._generate(plan, state, static, audio, seed=seed, clock=clock)
             if job is not None:
                 state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints, into=state)
-            job = self._hand_over(number, plan, state, static, clock=clock, overlap=self.overlap_decode)
+            # (N0's frames are the first sampled ones: they go out at once, not after N1)
+            overlap = self.overlap_decode and number > 0
+            job = self._hand_over(number, plan, state, static, clock=clock, overlap=overlap)
             state = job.state
-            if not self.overlap_decode:
+            if not overlap:
                 state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints)
                 job = None
         if job is not None:
