@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
@@ -119,7 +120,7 @@ class Pipeline:
         """
         first = self.init.modules()
         rest = _unique(m for m in self.modules() if not any(m is f for f in first))
-        loading = _LOAD.submit(_load_all, rest)
+        loading = _LOAD.submit(_load_all, rest, _current_cuda_device())
         try:
             with clock("load"):
                 for module in first:
@@ -281,7 +282,17 @@ def _unique(modules) -> tuple[Module, ...]:
     return tuple(out)
 
 
-def _load_all(modules: tuple[Module, ...]) -> None:
+def _current_cuda_device() -> Optional[int]:
+    """This thread's CUDA device when the process uses one (a launch's process has its own), else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_device()
+
+
+def _load_all(modules: tuple[Module, ...], cuda_device: Optional[int]) -> None:
+    if cuda_device is not None:  # the loading thread computes where the loop's thread does
+        sys.modules["torch"].cuda.set_device(cuda_device)
     for module in modules:
         module.load()
 
