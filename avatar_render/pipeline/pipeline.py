@@ -62,7 +62,7 @@ class _Job:
     plan: ChunkPlan
     state: "RollingState"
     segments: tuple[Segment, ...]
-    result: Future  # -> (frames of each segment, the decode carry after them)
+    result: Optional[Future]  # -> (frames of each segment, the decode carry after them); None: decoded as they go out
 
 
 @dataclass(frozen=True)
@@ -224,40 +224,42 @@ class Pipeline:
 
     def _hand_over(self, number: int, plan: ChunkPlan, state: RollingState, static: Any, *, clock: Clock,
                    overlap: bool) -> _Job:
-        """Take every pending segment that is next in frame order out of the state and start decoding
-        them (in the decode thread with ``overlap``, else here and now)."""
+        """Take every pending segment that is next in frame order out of the state; with ``overlap``,
+        start decoding them in the decode thread (else ``_collect`` decodes each just before it goes out,
+        so each chunk record times its own decode)."""
         segments = []
         while True:
             state, segment = state.pop_ready()
             if segment is None:
                 break
             segments.append(segment)
-        decode = self._decode_job(tuple(segments), state.decode_carry, static, plan, clock)
+        result = None
         if overlap:
-            result = _DECODE.submit(decode, self.decode_context())
-        else:
-            result = Future()
-            result.set_result(decode(nullcontext()))
+            result = _DECODE.submit(self._decode_all, tuple(segments), state.decode_carry, static, plan, clock,
+                                    self.decode_context())
         return _Job(number=number, plan=plan, state=state, segments=tuple(segments), result=result)
 
-    def _decode_job(self, segments: tuple[Segment, ...], carry: Any, static: Any, plan: ChunkPlan,
-                    clock: Clock) -> Callable[[AbstractContextManager], tuple[list[Frames], Any]]:
-        def run(context: AbstractContextManager) -> tuple[list[Frames], Any]:
-            out, c = [], carry
-            with context:
-                for segment in segments:
-                    frames, c = _run_timed(self.decode, segment, static=static, carry=c, plan=plan, clock=clock)
-                    out.append(frames)
-            return out, c
-        return run
+    def _decode_all(self, segments: tuple[Segment, ...], carry: Any, static: Any, plan: ChunkPlan, clock: Clock,
+                    context: AbstractContextManager) -> tuple[list[Frames], Any]:
+        out = []
+        with context:
+            for segment in segments:
+                frames, carry = _run_timed(self.decode, segment, static=static, carry=carry, plan=plan, clock=clock)
+                out.append(frames)
+        return out, carry
 
     def _collect(self, job: _Job, static: Any, audio: AudioSource, *, clock: Clock, checkpoints: bool,
                  into: Optional[RollingState] = None) -> Generator[Published | Checkpoint, None, RollingState]:
         """Yield a job's frames with their audio (and, with ``checkpoints``, the checkpoint of its plan
         entry); return the state after it: the job's own, or ``into`` (a later entry's) with its decode carry."""
         T = self.sizes.transition_frames
-        frames_list, decode_carry = job.result.result()
-        for segment, frames in zip(job.segments, frames_list):
+        decoded, decode_carry = job.result.result() if job.result is not None else (None, job.state.decode_carry)
+        for i, segment in enumerate(job.segments):
+            if decoded is None:
+                frames, decode_carry = _run_timed(self.decode, segment, static=static, carry=decode_carry, plan=job.plan,
+                                                  clock=clock)
+            else:
+                frames = decoded[i]
             with clock("audio"):
                 out_audio = audio.output_audio(segment.start, segment.end)
             yield Published(plan=job.plan, start=frames.start, frames=frames.frames, audio=out_audio)
