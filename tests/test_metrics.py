@@ -163,6 +163,15 @@ def test_boundaries_follow_the_chunk_plan_with_i_chunks():
     assert [(b.frame, b.kind) for b in chunk_boundaries(report, 130)] == [(50, "seam"), (100, "seam")]
 
 
+def test_boundaries_follow_a_short_first_chunk_and_the_backends_lead_frame():
+    report = {"config": {"backend": "infinitetalk", "chunk": {"chunk_frames": 16, "context_frames": 5, "transition_frames": 0,
+                                                              "first_frames": 4}},
+              "chunks": [{"start": 0, "end": 1}, {"start": 1, "end": 5}]}  # the first frame published alone is no boundary
+    assert [(b.frame, b.kind) for b in chunk_boundaries(report, 40)] == [(5, "seam"), (21, "seam"), (37, "seam")]
+    report["config"]["chunk"]["first_frames"] = 0
+    assert [b.frame for b in chunk_boundaries(report, 40)] == [17, 33]
+
+
 def test_mouth_follows_speech_energy_or_not(tmp_path):
     n = 150
     speech = envelope(n, seed=3)
