@@ -324,7 +324,7 @@ def test_a_failed_launch_resumes_under_torchrun(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text(FAIL_AT)
     args = render_args(tmp_path, audio, "two", *tall)[2:]  # without "-m avatar_render"
-    failed = torchrun(2, [str(script), "4", *args])
+    failed = torchrun(2, [str(script), "6", *args])
     assert failed.returncode != 0 and "--resume to continue from frame" in failed.stderr, failed.stderr[-3000:]
     resumed = torchrun(2, render_args(tmp_path, audio, "two", *tall, "--resume"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]

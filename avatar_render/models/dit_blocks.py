@@ -69,11 +69,11 @@ def frame_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
     The queries of latent frame f attend only to the N audio tokens of frame f.
     """
-    b, l, h, d = q.shape
+    b, tokens, h, d = q.shape
     f, n = k.shape[1], k.shape[2]
-    qf = q.reshape(b * f, l // f, h, d)
+    qf = q.reshape(b * f, tokens // f, h, d)
     out = full_attention(qf, k.reshape(b * f, n, h, d), v.reshape(b * f, n, h, d))
-    return out.reshape(b, l, h, d)
+    return out.reshape(b, tokens, h, d)
 
 
 # ---- rotary position embedding ---------------------------------------------------------------
