@@ -323,6 +323,7 @@ def test_no_space_left_on_a_small_filesystem(work, face_png, tmp_path):
     done = cli(*render_args(face_png, audio, "out.mp4", "--resume", "--report", "out.json"), cwd=copy)
     assert done.returncode == 0, done.stderr
     assert chunk_hashes(copy / "out.json") == work[2]
+    assert (copy / "out.mp4").read_bytes() == (d / "ref.mp4").read_bytes()
 
 
 # -- refusals and the journal's guard ------------------------------------------------------------------
