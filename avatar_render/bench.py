@@ -35,7 +35,8 @@ class BenchCase:
 
 def bench_matrix(durations=DEFAULT_DURATIONS, sizes=DEFAULT_SIZES, backends=DEFAULT_BACKENDS) -> list[BenchCase]:
     """Every combination, backends outermost, then sizes, then durations (short first)."""
-    return [BenchCase(seconds=float(s), width=w, height=h, backend=b) for b in backends for (w, h) in sizes for s in sorted(durations)]
+    return [BenchCase(seconds=float(s), width=w, height=h, backend=b) for b in backends for (w, h) in sizes
+            for s in sorted(durations)]
 
 
 def loop_speech(source: Path, seconds: float, dest: Path) -> Path:
@@ -68,7 +69,8 @@ def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, o
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         why = (done.stderr.strip() or done.stdout.strip()).removeprefix("Error: ")
-        raise AvatarRenderError(f"The {case.seconds:g} s {case.width}x{case.height} {case.backend} benchmark render failed: {why}")
+        raise AvatarRenderError(
+            f"The {case.seconds:g} s {case.width}x{case.height} {case.backend} benchmark render failed: {why}")
     audio.unlink()
     out.unlink()
     return json.loads(report.read_text())
@@ -86,7 +88,8 @@ def run_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir:
         except OSError as e:
             raise AvatarRenderError(f"Cannot create the benchmark folder '{workdir}': {e.strerror or e}.") from None
         for case in cases:
-            rep = run_case(case, reference=reference, speech=speech, workdir=workdir, overrides=overrides, config=config)
+            rep = run_case(case, reference=reference, speech=speech, workdir=workdir, overrides=overrides,
+                           config=config)
             row = summarize(rep, backend=case.backend)
             results.append(row)
             if on_result:
@@ -97,7 +100,8 @@ def run_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir:
 def summarize(rep: dict, *, backend: str) -> dict:
     """A benchmark row from a render report: its headline figures and its per-chunk series."""
     row = {k: rep[k] for k in ("duration_s", "frames", "fps", "width", "height", "inputs_s", "time_to_first_frame_s",
-                                "first_frame_on_disk_s", "wall_s", "generated_fps", "realtime_factor", "peak_rss_mb", "stage_s")}
+                                "first_frame_on_disk_s", "wall_s", "generated_fps", "realtime_factor", "peak_rss_mb",
+                                "stage_s")}
     row["peak_gpu_mb"] = rep.get("peak_gpu_mb")  # None without a GPU
     row["backend"] = backend
     chunks = rep["chunks"]  # the report's chunk records
@@ -155,7 +159,8 @@ def parse_matrix(durations: str, sizes: str, backends: str) -> list[BenchCase]:
         secs = [float(d) for d in durations.split(",") if d.strip()]
         dims = [tuple(int(v) for v in s.lower().split("x")) for s in sizes.split(",") if s.strip()]
     except ValueError:
-        raise AvatarRenderError("--durations takes numbers like 10,60 and --sizes takes sizes like 512x512,256x256.") from None
+        raise AvatarRenderError(
+            "--durations takes numbers like 10,60 and --sizes takes sizes like 512x512,256x256.") from None
     names = [b.strip() for b in backends.split(",") if b.strip()]
     if not secs or any(s <= 0 for s in secs) or not dims or any(len(d) != 2 or min(d) <= 0 for d in dims):
         raise AvatarRenderError("--durations takes positive numbers like 10,60 and --sizes takes sizes like 512x512.")

@@ -40,7 +40,8 @@ def diagnose(cfg=None) -> list[Check]:
     checks += codecs
     checks += _devices()
     preview_ok = all(c.ok for c in codecs) and _cascades_present()
-    why = "runs on the CPU, no weights needed" if preview_ok else "needs the libx264 and aac encoders and OpenCV's face cascades"
+    why = ("runs on the CPU, no weights needed" if preview_ok
+           else "needs the libx264 and aac encoders and OpenCV's face cascades")
     checks += _preview_models(cfg)
     checks.append(Check("backends", "preview", preview_ok, why))
     checks += _infinitetalk(cfg)
@@ -69,11 +70,13 @@ def _infinitetalk(cfg) -> list[Check]:
         files = module.weight_files()
         gone = module.missing_files()
         for f in files:
-            out.append(Check("model files", module.name, f not in gone, f"{'present' if f not in gone else 'MISSING'}: {f}"))
+            out.append(Check("model files", module.name, f not in gone,
+                             f"{'present' if f not in gone else 'MISSING'}: {f}"))
         if not files:
             out.append(Check("model files", module.name, False, "no weight files found for it"))
     ok = all(c.ok for c in out)
-    out.append(Check("backends", "infinitetalk", ok, "all weight files present" if ok else "weight files missing (see above)"))
+    out.append(Check("backends", "infinitetalk", ok,
+                     "all weight files present" if ok else "weight files missing (see above)"))
     return out
 
 
@@ -113,12 +116,15 @@ def _preview_models(cfg) -> list[Check]:
     if path is not None:
         landmarks = Check("models", "face landmarks", True, f"MediaPipe face mesh, 468 points: {path}")
     else:
-        why = problem or ("face.landmarks=template" if setting == "template" else f"not installed (looked in {', '.join(map(str, model_search_paths()))})")
+        why = problem or ("face.landmarks=template" if setting == "template"
+                          else f"not installed (looked in {', '.join(map(str, model_search_paths()))})")
         landmarks = Check("models", "face landmarks", True, f"template mesh on the detector's boxes ({why}); "
                           f"for exact lips and eyelids: {GET_MODEL}")
     root = model_dir()
-    phones = (Check("models", "phones", True, f"PocketSphinx allphone, English acoustic model: {root}") if root is not None
-              else Check("models", "phones", True, "PocketSphinx not installed: mouth shapes from loudness only (pip install pocketsphinx)"))
+    phones = (Check("models", "phones", True, f"PocketSphinx allphone, English acoustic model: {root}")
+              if root is not None
+              else Check("models", "phones", True,
+                         "PocketSphinx not installed: mouth shapes from loudness only (pip install pocketsphinx)"))
     return [landmarks, phones]
 
 

@@ -84,7 +84,8 @@ class Timeline:
         if self.first is not None:
             if self.prev is not None:
                 name, last, done = self.prev
-                self.switch_s[f"{name} -> {stage.name}"].append((self.between(done, self.first), self.between(last, self.first)))
+                self.switch_s[f"{name} -> {stage.name}"].append((self.between(done, self.first),
+                                                                 self.between(last, self.first)))
             self.prev = (stage.name, self.last, end)
         self.stage = None
         return out
@@ -130,8 +131,10 @@ def main() -> None:
         with prepared(cfg, a.ref, a.audio, mesh) as job:  # the set-up of a render
             pipeline, static, audio = job.pipeline, job.static, job.audio
             decode = pipeline.decode  # a chain (decode, then SR) is timed stage by stage
-            decode = StageChain(tuple(Timed(s, tl) for s in decode.stages)) if isinstance(decode, StageChain) else Timed(decode, tl)
-            timed = dataclasses.replace(pipeline, generate=tuple(Timed(s, tl) for s in pipeline.generate), decode=decode)
+            decode = (StageChain(tuple(Timed(s, tl) for s in decode.stages)) if isinstance(decode, StageChain)
+                      else Timed(decode, tl))
+            timed = dataclasses.replace(pipeline, generate=tuple(Timed(s, tl) for s in pipeline.generate),
+                                        decode=decode)
             cuda = device.type == "cuda"
             if cuda:  # the chunk loop's own peak (the init stage's encoders are gone by now)
                 torch.cuda.reset_peak_memory_stats(device)
@@ -156,12 +159,14 @@ def main() -> None:
         if not mesh.is_writer:
             return
         kind = torch.cuda.get_device_name(device) if cuda else "CPU"
-        print(f"devices: {mesh.world} x {kind} ({mesh.backend if mesh.distributed else 'single process'}, sp={mesh.sp}); "
-              f"model: {cfg.model.size}; {frames} frames in {wall:.2f} s, first frame after {first or 0.0:.2f} s")
+        print(f"devices: {mesh.world} x {kind} ({mesh.backend if mesh.distributed else 'single process'}, "
+              f"sp={mesh.sp}); model: {cfg.model.size}; {frames} frames in {wall:.2f} s, first frame after "
+              f"{first or 0.0:.2f} s")
         what = "GPU memory allocated in the chunk loop" if cuda else "resident memory"
         print(f"peak {what} per process (GiB): " + ", ".join(f"{p:.2f}" for p in peaks))
         if not cuda or cfg.model.size == "tiny":
-            print("NOTE: CPU and/or tiny model: these timings show the mechanics and are NOT representative of GPU speed.")
+            print("NOTE: CPU and/or tiny model: these timings show the mechanics and are NOT representative of GPU "
+                  "speed.")
         print(f"\n{'stage':<22}{'calls':>6} {'mean ms':>9} {'max ms':>9}")
         for name, v in tl.stage_s.items():
             print(f"{name:<22}{len(v):>6} {ms(v)}")

@@ -74,14 +74,16 @@ def paired(rows: list[dict], series: list[list[float]]) -> None:
     """Each seam's change against the same frame of the first render (first_frames=0), where it lies inside
     a chunk: the seam's own effect, without the stream's start (the first frames change more in any render:
     the decoder's causal state fills up). The first render's seams are paired with the second's frames."""
-    seams = [[b.frame for b in chunk_boundaries({"config": r["config"]}, len(s)) if b.kind == "seam"] for r, s in zip(rows, series)]
+    seams = [[b.frame for b in chunk_boundaries({"config": r["config"]}, len(s)) if b.kind == "seam"]
+             for r, s in zip(rows, series)]
     for i, (r, s) in enumerate(zip(rows, series)):
         other = series[1] if i == 0 and len(series) > 1 else series[0]
         others_seams = set(seams[1] if i == 0 and len(series) > 1 else seams[0])
         ratios = [(b, s[b] / other[b]) for b in seams[i] if b < len(other) and b not in others_seams]
         r["paired_first_seam"] = round(ratios[0][1], 4) if ratios else None
         rest = [v for _, v in ratios[1:]]
-        r["paired_other_seams"] = [round(min(rest), 4), round(statistics.mean(rest), 4), round(max(rest), 4)] if rest else None
+        r["paired_other_seams"] = [round(min(rest), 4), round(statistics.mean(rest), 4),
+                                   round(max(rest), 4)] if rest else None
 
 
 def main() -> None:
@@ -113,7 +115,8 @@ def main() -> None:
     print(f"before (first frame published with the whole first chunk): first frame after {before} DiT tokens, "
           f"{base['first_sampled_frame_s']:.3f} s")
     print(f"{'first_frames':>12} {'1st frame s':>11} {'tokens':>7} {'1st sampled':>11} {'s':>7} {'tokens':>7} "
-          f"{'x fewer':>7} {'seam 1':>7} {'others mean/min/max':>22} {'paired 1':>8} {'others min/mean/max':>22} {'fps':>6}")
+          f"{'x fewer':>7} {'seam 1':>7} {'others mean/min/max':>22} {'paired 1':>8} {'others min/mean/max':>22} "
+          f"{'fps':>6}")
     for r in rows:
         fewer = before / max(r["first_frame_tokens"], 1) if r["first_frame_tokens"] else float("inf")
         others = "-" if r["other_seams_mean"] is None else \
@@ -122,13 +125,15 @@ def main() -> None:
         p1 = "-" if r["paired_first_seam"] is None else f"{r['paired_first_seam']:.3f}"
         po = "-" if r["paired_other_seams"] is None else "/".join(f"{v:.3f}" for v in r["paired_other_seams"])
         print(f"{r['first_frames']:>12} {r['time_to_first_frame_s']:>11.3f} {r['first_frame_tokens']:>7} "
-              f"{'frame ' + str(r['first_sampled_frame']):>11} {r['first_sampled_frame_s']:>7.3f} {r['first_sampled_frame_tokens']:>7} "
-              f"{fewer:>7.1f} {seam1:>7} {others:>22} {p1:>8} {po:>22} {r['generated_fps']:>6.2f}")
+              f"{'frame ' + str(r['first_sampled_frame']):>11} {r['first_sampled_frame_s']:>7.3f} "
+              f"{r['first_sampled_frame_tokens']:>7} {fewer:>7.1f} {seam1:>7} {others:>22} {p1:>8} {po:>22} "
+              f"{r['generated_fps']:>6.2f}")
         r["tokens_fewer_than_before"] = None if fewer == float("inf") else round(fewer, 2)
         r["sampled_tokens_fewer_than_before"] = round(before / r["first_sampled_frame_tokens"], 2)
-    print("x fewer: DiT tokens before the first frame, before against now (inf: none now). seam 1: the seam ratio after "
-          "the first chunk; others: the later seams' (1.0 = no more change than inside a chunk). paired: a seam's change "
-          "over the same frame's in the other render, where it lies inside a chunk (the seam's own effect).")
+    print("x fewer: DiT tokens before the first frame, before against now (inf: none now). seam 1: the seam ratio "
+          "after the first chunk; others: the later seams' (1.0 = no more change than inside a chunk). paired: a "
+          "seam's change over the same frame's in the other render, where it lies inside a chunk (the seam's own "
+          "effect).")
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1) + "\n")
         print(f"wrote {a.json}")

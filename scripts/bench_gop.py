@@ -79,9 +79,11 @@ def main() -> None:
             cpu = min(encode(a.video, out, chunk=a.chunk, gop=gop, crf=a.crf) for _ in range(a.repeats)) - decode
             rows.append((gop, out.stat().st_size, cpu))
     base_size, base_cpu = rows[-1][1], rows[-1][2]
-    print(f"{'gop s':>6} {'bytes':>10} {'size':>7} {'encode CPU s':>13} {'CPU':>7}   (relative to gop {rows[-1][0]:g} s)")
+    print(
+        f"{'gop s':>6} {'bytes':>10} {'size':>7} {'encode CPU s':>13} {'CPU':>7}   (relative to gop {rows[-1][0]:g} s)")
     for gop, size, cpu in rows:
-        print(f"{gop:>6g} {size:>10} {100 * (size / base_size - 1):>+6.1f}% {cpu:>13.2f} {100 * (cpu / base_cpu - 1):>+6.1f}%")
+        print(f"{gop:>6g} {size:>10} {100 * (size / base_size - 1):>+6.1f}% {cpu:>13.2f} "
+              f"{100 * (cpu / base_cpu - 1):>+6.1f}%")
 
 
 if __name__ == "__main__":

@@ -75,18 +75,20 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2, help="blocks of the DiT (the published model has 40)")
     ap.add_argument("--dim", type=int, default=0, help="model width (0: the published 5120, with its heads and FFN)")
     ap.add_argument("--shards", type=int, default=7, help="files of the checkpoint (the published 14B has 7)")
-    ap.add_argument("--out", type=Path, default=None, help="folder for the checkpoint (default: a temporary one, removed)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder for the checkpoint (default: a temporary one, removed)")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     a = ap.parse_args()
     config = DiTConfig(num_layers=a.layers)
     if a.dim:
-        config = dataclasses.replace(config, dim=a.dim, ffn_dim=a.dim * 27 // 10 // 16 * 16, num_heads=max(1, a.dim // 128))
+        config = dataclasses.replace(config, dim=a.dim, ffn_dim=a.dim * 27 // 10 // 16 * 16,
+                                     num_heads=max(1, a.dim // 128))
     with tempfile.TemporaryDirectory(dir=a.out) as tmp:
         folder = Path(tmp)
         t = time.perf_counter()
         size = write_checkpoint(config, folder, a.shards)
-        print(f"checkpoint: {size / 1e9:.2f} GB in {a.shards} shards ({config.num_layers} blocks of width {config.dim}), "
-              f"written in {time.perf_counter() - t:.1f} s")
+        print(f"checkpoint: {size / 1e9:.2f} GB in {a.shards} shards ({config.num_layers} blocks of width "
+              f"{config.dim}), written in {time.perf_counter() - t:.1f} s")
         rows = [("first read (disk): one file after the other, to the host", dict(device="cpu", workers=1)),
                 ("one file after the other, to the host (before)", dict(device="cpu", workers=1)),
                 ("side by side, to the host", dict(device="cpu", workers=8))]
@@ -101,9 +103,11 @@ def main() -> None:
         full = size * 40 / config.num_layers if not a.dim else None
         if full:
             best = min(f["seconds"] for f in figures[1:])
-            print(f"the 40-block DiT ({full / 1e9:.1f} GB) at the best rate: about {best * full / size:.1f} s (warm file cache)")
+            print(f"the 40-block DiT ({full / 1e9:.1f} GB) at the best rate: about {best * full / size:.1f} s (warm "
+                  "file cache)")
     if a.json:
-        a.json.write_text(json.dumps({"bytes": size, "layers": config.num_layers, "dim": config.dim, "rows": figures}, indent=1) + "\n")
+        a.json.write_text(json.dumps({"bytes": size, "layers": config.num_layers, "dim": config.dim, "rows": figures},
+                                     indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -96,8 +96,10 @@ class Campaign:
         long_speech(args.audio, self.audio, args.seconds)
         self.rng = random.Random(args.seed)
 
-    def command(self, output: Path, *extra: str, driver: str | None = None, driver_args: tuple[str, ...] = ()) -> list[str]:
-        cli = [*driver_args, "render", "--ref", str(self.a.ref), "--audio", str(self.audio), "-o", str(output), "-q", *extra]
+    def command(self, output: Path, *extra: str, driver: str | None = None,
+                driver_args: tuple[str, ...] = ()) -> list[str]:
+        cli = [*driver_args, "render", "--ref", str(self.a.ref), "--audio", str(self.audio), "-o", str(output), "-q",
+               *extra]
         if self.a.config:
             cli += ["-c", str(self.a.config)]
         cli += self.a.overrides
@@ -108,7 +110,8 @@ class Campaign:
         else:
             target = ["-m", "avatar_render"]
         if self.a.torchrun:
-            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.a.torchrun)]
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                        str(self.a.torchrun)]
             return [*launcher, *(target if driver else ["-m", "avatar_render"]), *cli]
         return [sys.executable, *target, *cli]
 
@@ -143,7 +146,8 @@ class Campaign:
             proc.wait()
             where = "while moving into place" if kind == "move" else "during the final copy"
             if not landed:
-                return f"{kind}: ended before the kill (exit {proc.returncode}) {proc.stderr.read().decode().strip()[-300:]}"
+                return (f"{kind}: ended before the kill (exit {proc.returncode}) "
+                        f"{proc.stderr.read().decode().strip()[-300:]}")
             return f"killed {where} ({committed(journal)} frames committed)"
         # Generation: killed at a random point of the video, when the partial file has grown to that
         # share of the finished one's size (whatever the machine's load).
@@ -172,10 +176,12 @@ class Campaign:
                 break
         self.kills += sum(e.startswith("killed") for e in events)
         finished = output.exists() and not journal.exists()  # a resume ran to its end before the next kill
-        done = self.run(self.command(output, "--resume")) if not finished else subprocess.CompletedProcess([], 0, "", "")
+        done = (self.run(self.command(output, "--resume")) if not finished
+                else subprocess.CompletedProcess([], 0, "", ""))
         same = done.returncode == 0 and output.is_file() and sha256(output) == self.expected
         leftovers = [p.name for p in self.work.glob(f"trial{i}.*") if p.name != output.name]
-        verdict = "byte-identical" if same and not leftovers else f"DIFFERENT (exit {done.returncode}, leftovers {leftovers}) {done.stderr.strip()}"
+        verdict = ("byte-identical" if same and not leftovers
+                   else f"DIFFERENT (exit {done.returncode}, leftovers {leftovers}) {done.stderr.strip()}")
         print(f"trial {i + 1:2d}: " + "; ".join(events) + f"; resumed: {verdict}", flush=True)
         output.unlink(missing_ok=True)
         return same and not leftovers

@@ -5,7 +5,8 @@ times one DiT forward pass at the chunk's token count, derives time per sampling
 step from the guidance settings), per chunk and generated frames per second, times the streaming
 VAE decode of one chunk (float32, as the pipeline runs it, and bfloat16), counts the pass's FLOPs
 to give the achieved TFLOP/s, and reports peak GPU memory; then times the same passes with the DiT's
-blocks streamed from pinned host memory (its peak memory then holds two blocks, not forty). Prints a table and writes JSON.
+blocks streamed from pinned host memory (its peak memory then holds two blocks, not forty). Prints a table and
+writes JSON.
 
     python scripts/gpu_check.py --out gpu_check.json            # 480p and 720p, InfiniteTalk + FlashTalk recipes
     python scripts/gpu_check.py --sizes 640x640 --repeats 5
@@ -89,13 +90,16 @@ def decode_seconds(vae: WanVae, latents: int, lat_h: int, lat_w: int, device: to
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="640x640,960x960", help="WIDTHxHEIGHT list (480p and 720p pixel counts by default)")
+    ap.add_argument("--sizes", default="640x640,960x960",
+                    help="WIDTHxHEIGHT list (480p and 720p pixel counts by default)")
     ap.add_argument("--repeats", type=int, default=2, help="timed DiT passes after the warm-up")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--compile", action="store_true",
-                    help="time the passes at the first size with each DiT block compiled (torch.compile) instead of streamed")
+                    help="time the passes at the first size with each DiT block compiled (torch.compile) instead of "
+                         "streamed")
     ap.add_argument("--sr", action="store_true",
-                    help="time the SR stage instead (SwiftVR at 720p and 1080p output, the 2x decoder; scripts/gpu_check_sr.py)")
+                    help="time the SR stage instead (SwiftVR at 720p and 1080p output, the 2x decoder; "
+                         "scripts/gpu_check_sr.py)")
     args = ap.parse_args()
     if args.sr:
         from gpu_check_sr import run_sr
@@ -107,11 +111,13 @@ def main() -> None:
     arch = architectures("14b" if gpu else "tiny")
     dtype = torch.bfloat16 if gpu else torch.float32
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")] if gpu else [(64, 64)]
-    print(f"device: {torch.cuda.get_device_name(0) if gpu else 'CPU (tiny model: timings not representative)'}; torch {torch.__version__}")
+    print(f"device: {torch.cuda.get_device_name(0) if gpu else 'CPU (tiny model: timings not representative)'}; torch "
+          f"{torch.__version__}")
     t = time.perf_counter()
     dit = materialize_random(build_dit(arch.dit), device=device, dtype=dtype).eval().requires_grad_(False)
     sync(device)
-    print(f"DiT {sum(p.numel() for p in dit.parameters()) / 1e9:.2f} B parameters ready in {time.perf_counter() - t:.1f} s")
+    print(f"DiT {sum(p.numel() for p in dit.parameters()) / 1e9:.2f} B parameters ready in "
+          f"{time.perf_counter() - t:.1f} s")
     vae32 = WanVae(arch.vae, device=device, dtype=torch.float32)
     vae16 = WanVae(arch.vae, device=device, dtype=dtype)
     vae32.load()
@@ -122,7 +128,8 @@ def main() -> None:
         lat_h, lat_w = h // 8, w // 8
         n = 18  # one InfiniteTalk chunk's new latents (72 frames)
         decode[(w, h)] = tuple(decode_seconds(v, n, lat_h, lat_w, device) / n for v in (vae32, vae16))
-        print(f"VAE decode {w}x{h}: {decode[(w, h)][0] * 1000 / 4:.1f} ms per frame float32, {decode[(w, h)][1] * 1000 / 4:.1f} bfloat16")
+        print(f"VAE decode {w}x{h}: {decode[(w, h)][0] * 1000 / 4:.1f} ms per frame float32, "
+              f"{decode[(w, h)][1] * 1000 / 4:.1f} bfloat16")
     for name, (new_frames, context_frames, steps, sampler) in RECIPES.items():
         for w, h in sizes:
             m = 1 + (context_frames - 1) // 4
@@ -132,7 +139,8 @@ def main() -> None:
             x = torch.randn(1, 36, n, lat_h, lat_w, device=device, dtype=dtype)
             ctx = torch.randn(1, 512, arch.dit.text_dim, device=device, dtype=dtype)
             clip = torch.randn(1, 257, arch.dit.clip_dim, device=device, dtype=dtype)
-            audio = torch.randn(1, frames, arch.dit.audio_window, arch.dit.audio_layers, arch.dit.audio_dim, device=device, dtype=dtype)
+            audio = torch.randn(1, frames, arch.dit.audio_window, arch.dit.audio_layers, arch.dit.audio_dim,
+                                device=device, dtype=dtype)
             t_in = torch.tensor([500.0], device=device)
             if gpu:
                 torch.cuda.reset_peak_memory_stats()
@@ -145,7 +153,8 @@ def main() -> None:
             fps = new_frames / chunk_s
             tokens = n * (lat_h // 2) * (lat_w // 2)
             peak = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
-            rows.append(Row(name, f"{w}x{h}", tokens, pass_s, flops / pass_s / 1e12, step_s, chunk_s, decode_s, decode16_s,
+            rows.append(Row(name, f"{w}x{h}", tokens, pass_s, flops / pass_s / 1e12, step_s, chunk_s, decode_s,
+                            decode16_s,
                             fps, fps / 25.0, peak))
             r = rows[-1]
             print(f"{name:12s} {r.size:9s} tokens {tokens:6d} | pass {pass_s:.3f} s ({r.pass_tflops:.0f} TFLOP/s) | "
@@ -171,7 +180,8 @@ def main() -> None:
             r.streamed_pass_s = timed(lambda: dit(x, t_in, ctx, clip, audio), device, 1)
         r.streamed_peak_gib = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
         print(f"{r.recipe:12s} {r.size:9s} streamed blocks: pass {r.streamed_pass_s:.3f} s "
-              f"({r.streamed_pass_s / r.pass_s:.2f}x resident) | peak {r.streamed_peak_gib:.1f} GiB (resident {r.peak_gib:.1f})")
+              f"({r.streamed_pass_s / r.pass_s:.2f}x resident) | peak {r.streamed_peak_gib:.1f} GiB (resident "
+              f"{r.peak_gib:.1f})")
     if args.compile:  # each block its own compiled region: identical blocks share one compilation
         for block in dit.blocks:
             block.compile()

@@ -91,7 +91,8 @@ def run_sr(*, out_json: str | None = None) -> list[SRRow]:
         m.prefetch()
     sync(device)
     print(f"SwiftVR DiT {sum(p.numel() for p in dit.net.parameters()) / 1e9:.2f} B, ReAE "
-          f"{sum(p.numel() for p in reae.net.parameters()) / 1e6:.1f} M parameters ready in {time.perf_counter() - t:.1f} s")
+          f"{sum(p.numel() for p in reae.net.parameters()) / 1e6:.1f} M parameters ready in "
+          f"{time.perf_counter() - t:.1f} s")
     rows = []
     g = torch.Generator().manual_seed(0)
     for gw, gh, w, h in sizes:
@@ -107,7 +108,8 @@ def run_sr(*, out_json: str | None = None) -> list[SRRow]:
             pixels = chunk
             enc_s = timed(lambda: holder.update(z=stream._encode(pixels, state.encoder)), device)
             z = holder["z"][0]
-            dit_s = timed(lambda: holder.update(r=stream._restore(torch.cat([state.context, z]), state.latents - 1)), device)
+            dit_s = timed(lambda: holder.update(r=stream._restore(torch.cat([state.context, z]), state.latents - 1)),
+                          device)
             dec_s = timed(lambda: stream._decode(holder["r"][1:], state.decoder), device)
             sr = holder["out"][0].float()
             lowres = chunk.permute(0, 3, 1, 2).float() / 255
@@ -130,13 +132,14 @@ def run_sr(*, out_json: str | None = None) -> list[SRRow]:
             streamed_peak = peak(device)
             streamer.remove()
         row = SRRow(output=f"{w}x{h}", generated=f"{gw}x{gh}", swiftvr_chunk_s=chunk_s, encode_s=enc_s, dit_s=dit_s,
-                    decode_s=dec_s, swiftvr_fps=CHUNK / chunk_s, swiftvr_peak_gib=sr_peak, track_s=track_s, guard_s=guard_s,
+                    decode_s=dec_s, swiftvr_fps=CHUNK / chunk_s, swiftvr_peak_gib=sr_peak, track_s=track_s,
+                    guard_s=guard_s,
                     streamed_chunk_s=streamed_s, streamed_peak_gib=streamed_peak, vae2x_chunk_s=vae2x_s,
                     vae2x_fps=CHUNK / vae2x_s)
         rows.append(row)
         print(f"SR {row.generated} -> {row.output}: SwiftVR chunk {chunk_s:.3f} s (encode {enc_s:.3f}, "
-              f"DiT {dit_s:.3f}, decode {dec_s:.3f}) = {row.swiftvr_fps:.1f} fps ({row.swiftvr_fps / 25:.2f}x real time), "
-              f"peak {sr_peak:.1f} GiB | tracking {track_s:.3f} s (beside the SR), guard {guard_s:.3f} s | "
+              f"DiT {dit_s:.3f}, decode {dec_s:.3f}) = {row.swiftvr_fps:.1f} fps ({row.swiftvr_fps / 25:.2f}x real "
+              f"time), peak {sr_peak:.1f} GiB | tracking {track_s:.3f} s (beside the SR), guard {guard_s:.3f} s | "
               f"DiT streamed: chunk {streamed_s:.3f} s, peak {streamed_peak:.1f} GiB | "
               f"2x decode {vae2x_s:.3f} s = {row.vae2x_fps:.1f} fps")
     if out_json:

@@ -90,7 +90,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="640x640,768x448")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default=",".join(LEVERS), help="levers to time, comma-separated: " + ", ".join(LEVERS))
-    ap.add_argument("--no-pipeline", action="store_true", help="leave out part 2 (the warm first frame and the overlapped decode)")
+    ap.add_argument("--no-pipeline", action="store_true",
+                    help="leave out part 2 (the warm first frame and the overlapped decode)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     gpu = torch.cuda.is_available()
@@ -103,15 +104,17 @@ def main() -> None:
     if not gpu:
         only -= {"efficient", "cudnn", "fp8", "cuda_graphs"}
     peak = peak_flops(device)
-    print(f"device: {torch.cuda.get_device_name(0) if gpu else 'CPU (tiny model: timings not representative)'}; torch {torch.__version__}; "
-          f"dense bf16 peak {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}")
+    print(f"device: {torch.cuda.get_device_name(0) if gpu else 'CPU (tiny model: timings not representative)'}; torch "
+          f"{torch.__version__}; dense bf16 peak {'unknown' if peak is None else f'{peak / 1e12:.0f} TFLOP/s'}")
     t = time.perf_counter()
     dit = materialize_random(build_dit(c), device=device, dtype=dtype).eval().requires_grad_(False)
     sync(device)
-    print(f"DiT {sum(p.numel() for p in dit.parameters()) / 1e9:.2f} B parameters ready in {time.perf_counter() - t:.1f} s")
+    print(f"DiT {sum(p.numel() for p in dit.parameters()) / 1e9:.2f} B parameters ready in "
+          f"{time.perf_counter() - t:.1f} s")
     vae = WanVae(arch.vae, device=device, dtype=torch.float32)
     vae.load()
-    figures: dict = {"device": torch.cuda.get_device_name(0) if gpu else "cpu", "peak_bf16_flops": peak, "passes": [], "decode": {}}
+    figures: dict = {"device": torch.cuda.get_device_name(0) if gpu else "cpu", "peak_bf16_flops": peak, "passes": [],
+                     "decode": {}}
     text = torch.randn(1, 512, c.text_dim, device=device, dtype=dtype)
     clip = torch.randn(1, 257, c.clip_dim, device=device, dtype=dtype)
     t_in = torch.tensor([500.0], device=device)
@@ -185,7 +188,8 @@ def main() -> None:
     if "cuda_graphs" in only:
         for n, w, h in shapes:
             run_lever("cuda_graphs", dit, replace(base, cache_kv=True), n, w, h, graphs=True)
-    best_attention = min((r for r in figures["passes"] if r["lever"] in ("baseline", "flash", "efficient", "cudnn") and r["latents"] == 9),
+    best_attention = min((r for r in figures["passes"] if r["lever"] in ("baseline", "flash", "efficient", "cudnn")
+                          and r["latents"] == 9),
                          key=lambda r: r["pass_s"], default={"lever": "baseline"})["lever"]
     for name in ("compile", "fp8", "best"):
         if name not in only:
@@ -196,7 +200,8 @@ def main() -> None:
             except ImportError:
                 print("fp8: torchao is not installed here (pip install torchao): left out")
                 continue
-        speed = DiTSpeed(compile="blocks" if name in ("compile", "best") else "none", fp8=name == "fp8" or (name == "best" and "fp8" in only),
+        speed = DiTSpeed(compile="blocks" if name in ("compile", "best") else "none",
+                         fp8=name == "fp8" or (name == "best" and "fp8" in only),
                          attention="auto" if best_attention == "baseline" else best_attention, cache_kv=name == "best")
         if speed.fp8:
             try:
@@ -237,7 +242,8 @@ def pipeline_figures(device: torch.device) -> dict:
     speech = ROOT / "examples" / "talk.wav"
     out = {}
     for overlap in (False, True):
-        overrides = ("face.box=[178,69,92,92]", f"run.overlap_decode={str(overlap).lower()}", *(() if gpu else ("chunk.first_frames=4",)))
+        overrides = ("face.box=[178,69,92,92]", f"run.overlap_decode={str(overlap).lower()}",
+                     *(() if gpu else ("chunk.first_frames=4",)))
         cfg = load_config(config, overrides)
         with session(sp=1, device=cfg.model.device) as mesh:
             t = time.perf_counter()

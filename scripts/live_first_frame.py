@@ -48,9 +48,12 @@ def main() -> int:
         browser = p.chromium.launch_persistent_context(profile, executable_path=chromium, headless=True, args=FLAGS)
         page = browser.new_page()
         start = time.time()
-        proc = subprocess.Popen([sys.executable, "-m", "avatar_render", "render", "--ref", str(ROOT / "examples" / "face.png"),
-                                 "--audio", str(work / "speech.wav"), "-o", str(out), "--serve", "0", "--serve-linger", "1",
-                                 "--report", str(work / "report.json"), "-q", f"video.width={args.size}", f"video.height={args.size}"],
+        proc = subprocess.Popen([sys.executable, "-m", "avatar_render", "render",
+                                 "--ref", str(ROOT / "examples" / "face.png"),
+                                 "--audio", str(work / "speech.wav"), "-o", str(out),
+                                 "--serve", "0", "--serve-linger", "1",
+                                 "--report", str(work / "report.json"), "-q",
+                                 f"video.width={args.size}", f"video.height={args.size}"],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         line = proc.stdout.readline()
         url_at = time.time() - start

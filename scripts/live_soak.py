@@ -106,7 +106,8 @@ def main() -> int:
     port = free_port()
     url = f"rtmp://127.0.0.1:{port}/live/soak"
     # no probing: the listener passes each tag on as it arrives
-    listener = subprocess.Popen(["ffmpeg", "-hide_banner", "-loglevel", "error", "-probesize", "32768", "-analyzeduration", "0",
+    listener = subprocess.Popen(["ffmpeg", "-hide_banner", "-loglevel", "error", "-probesize", "32768",
+                                 "-analyzeduration", "0",
                                  "-listen", "1", "-i", url, "-c", "copy",
                                  "-flush_packets", "1", "-f", "flv", "pipe:1"], stdout=subprocess.PIPE)
     reader = FlvReader(listener.stdout)
@@ -164,7 +165,8 @@ def main() -> int:
         "inputs_s": report.get("inputs_s"),
         "wire_lateness_s": {"first_frame": round(late[0], 3), "median": round(sorted(late)[len(late) // 2], 3),
                             "max_after_first_second": round(max(late[int(fps):] or [0.0]), 3)},
-        "timestamps_monotonic": all(b[2] >= a[2] for a, b in zip(video, video[1:])) and all(b[2] >= a[2] for a, b in zip(audio, audio[1:])),
+        "timestamps_monotonic": all(b[2] >= a[2] for a, b in zip(video, video[1:]))
+        and all(b[2] >= a[2] for a, b in zip(audio, audio[1:])),
         "render_cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "publish_thread_cpu_s": push.get("cpu_s"),
         "publish_cpu_percent_of_wall": round(100 * (push.get("cpu_s") or 0) / wall, 2), "stalls": push.get("stalls"),
     }

@@ -49,7 +49,8 @@ def main() -> None:
         for name, (config, overrides) in RUNS.items():
             report = Path(tmp) / "r.json"
             cmd = [sys.executable, "-m", "avatar_render", "render", "--ref", str(ROOT / "examples" / "face.png"),
-                   "--audio", str(speech), "-o", str(Path(tmp) / "o.mp4"), "--force", "--quiet", "--report", str(report),
+                   "--audio", str(speech), "-o", str(Path(tmp) / "o.mp4"), "--force", "--quiet", "--report",
+                   str(report),
                    "-c", str(ROOT / "configs" / config), *overrides]
             done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             if done.returncode:
@@ -59,7 +60,8 @@ def main() -> None:
             chunks = rep["chunks"]
 
             def per_frame(stage: str) -> str:
-                values = [1000 * c["stage_s"][stage] / (c["end"] - c["start"]) for c in chunks if stage in c.get("stage_s", {})]
+                values = [1000 * c["stage_s"][stage] / (c["end"] - c["start"]) for c in chunks
+                          if stage in c.get("stage_s", {})]
                 return f"{statistics.median(values):10.1f}" if values else f"{'-':>10}"
 
             print(f"{name:<24}{rep['frames']:>7}{rep['generated_fps']:>7.1f}" + "".join(per_frame(s) for s in STAGES)

@@ -17,7 +17,9 @@ from tests.media import speech_like, write_audio
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS = Path(__file__).resolve().parent / "batch_hooks"
-SMALL = ("video.width=64", "video.height=64", "chunk.chunk_frames=8", "chunk.transition_frames=2", "video.gop_seconds=0.3")  # a resume point every chunk
+# a resume point every chunk
+SMALL = ("video.width=64", "video.height=64", "chunk.chunk_frames=8", "chunk.transition_frames=2",
+         "video.gop_seconds=0.3")
 
 
 def env(**extra: str) -> dict:

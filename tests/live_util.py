@@ -106,7 +106,8 @@ class Received:
 
 def probe(path: str, fps: float) -> Received:
     """What a stream (a file, a playlist URL) holds, packet by packet, as ffprobe reads it."""
-    out = subprocess.run(["ffprobe", "-v", "error", "-show_entries", "packet=stream_index,codec_type,pts_time,duration_time,flags",
+    out = subprocess.run(["ffprobe", "-v", "error", "-show_entries",
+                          "packet=stream_index,codec_type,pts_time,duration_time,flags",
                           "-of", "json", path], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     packets = json.loads(out.stdout)["packets"]

@@ -35,7 +35,8 @@ def write_vae(root: Path, layout: str, *, seed: int = 0) -> WanVae:
     root.mkdir(parents=True, exist_ok=True)
     if layout == "wan":
         state = _state(vae.net)
-        torch.save({native: state[name] for native, name in native_vae_table(vae.net, vae.config).items()}, root / VAE_FILE)
+        torch.save({native: state[name] for native, name in native_vae_table(vae.net, vae.config).items()},
+                   root / VAE_FILE)
     else:
         vae.model.save_pretrained(root / "vae")
     return vae
@@ -48,17 +49,20 @@ def write_wav2vec2(folder: Path, layout: str = "safetensors", *, seed: int = 0) 
     enc.load()
     folder.mkdir(parents=True, exist_ok=True)
     enc.net.config.save_pretrained(folder)
-    (folder / "preprocessor_config.json").write_text(json.dumps({"do_normalize": True, "sampling_rate": 16000, "feature_size": 1}))
+    (folder / "preprocessor_config.json").write_text(json.dumps({"do_normalize": True, "sampling_rate": 16000,
+                                                                 "feature_size": 1}))
     state = _state(enc.net)
     if layout == "safetensors":
         save_file(state, str(folder / "model.safetensors"))
         return enc
     old = {}
     for k, v in state.items():
-        k = k.replace("parametrizations.weight.original0", "weight_g").replace("parametrizations.weight.original1", "weight_v")
+        k = (k.replace("parametrizations.weight.original0", "weight_g")
+             .replace("parametrizations.weight.original1", "weight_v"))
         old[f"wav2vec2.{k}"] = v
     h = enc.net.config.hidden_size
-    old.update({"quantizer.codevectors": torch.randn(1, 8, 4), "project_q.weight": torch.randn(4, 4), "project_hid.weight": torch.randn(4, h)})
+    old.update({"quantizer.codevectors": torch.randn(1, 8, 4), "project_q.weight": torch.randn(4, 4),
+                "project_hid.weight": torch.randn(4, h)})
     torch.save(old, folder / "pytorch_model.bin")
     return enc
 
@@ -73,7 +77,8 @@ def write_tokenizer(folder: Path) -> Path:
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
-    config = {"tokenizer_class": "T5Tokenizer", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>", "extra_ids": 0}
+    config = {"tokenizer_class": "T5Tokenizer", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>",
+              "extra_ids": 0}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
 
@@ -108,7 +113,8 @@ def _native_clip_name(name: str) -> str:
     if name in table:
         return table[name]
     layer, part = name.removeprefix("encoder.layers.").split(".", 1)
-    parts = {"layer_norm1": "norm1", "layer_norm2": "norm2", "self_attn.out_proj": "attn.proj", "mlp.fc1": "mlp.0", "mlp.fc2": "mlp.2"}
+    parts = {"layer_norm1": "norm1", "layer_norm2": "norm2", "self_attn.out_proj": "attn.proj", "mlp.fc1": "mlp.0",
+             "mlp.fc2": "mlp.2"}
     module, leaf = part.rsplit(".", 1)
     return f"visual.transformer.{layer}.{parts[module]}.{leaf}"
 
@@ -137,14 +143,16 @@ def write_clip(root: Path, layout: str, *, seed: int = 0) -> ImageEncoder:
             src = state if i < cfg.num_layers - 1 else last
             p = f"encoder.layers.{i}.self_attn."
             for leaf in ("weight", "bias"):
-                out[f"visual.transformer.{i}.attn.to_qkv.{leaf}"] = torch.cat([src.pop(f"{p}{n}_proj.{leaf}") for n in "qkv"])
+                out[f"visual.transformer.{i}.attn.to_qkv.{leaf}"] = torch.cat([src.pop(f"{p}{n}_proj.{leaf}")
+                                                                               for n in "qkv"])
         for k, v in [*state.items(), *last.items()]:
             out[_native_clip_name(k)] = v
         torch.save(out, root / CLIP_FILE)
     else:
         folder = root / "image_encoder"
         folder.mkdir()
-        hf_cfg = cfg.clip().to_dict() | {"num_hidden_layers": cfg.num_layers, "projection_dim": 8, "model_type": "clip_vision_model"}
+        hf_cfg = cfg.clip().to_dict() | {"num_hidden_layers": cfg.num_layers, "projection_dim": 8,
+                                         "model_type": "clip_vision_model"}
         (folder / "config.json").write_text(json.dumps(hf_cfg))
         out = {f"vision_model.{k}": v for k, v in [*state.items(), *last.items()]}
         out["visual_projection.weight"] = torch.randn(8, d, generator=g)

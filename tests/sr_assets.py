@@ -33,7 +33,8 @@ def write_vae2x(root: Path, layout: str, *, seed: int = 4) -> Upscale2xVae:
     root.mkdir(parents=True, exist_ok=True)
     if layout == "wan":
         state = _state(vae.net)
-        save_file({native: state[name] for native, name in native_vae_table(vae.net, vae.config).items()}, str(root / NATIVE_FILE))
+        save_file({native: state[name] for native, name in native_vae_table(vae.net, vae.config).items()},
+                  str(root / NATIVE_FILE))
     else:
         vae.model.save_pretrained(root / DIFFUSERS_DIR)
     return vae
@@ -53,7 +54,8 @@ def write_swiftvr(root: Path, *, seed: int = 5) -> tuple[ReaeModule, SwiftDiTMod
     (root / TRANSFORMER_DIR).mkdir(exist_ok=True)
     state = {k.removeprefix("transformer."): v for k, v in _state(dit.net).items()}
     save_file(state, str(root / TRANSFORMER_DIR / "diffusion_pytorch_model.safetensors"))
-    config = {"_class_name": "WanTransformer3DModel", **{k: list(v) if isinstance(v, tuple) else v for k, v in dit_cfg.model.items()},
+    config = {"_class_name": "WanTransformer3DModel",
+              **{k: list(v) if isinstance(v, tuple) else v for k, v in dit_cfg.model.items()},
               "enable_swa": True, "self_attn_window_hw": list(dit_cfg.window)}
     (root / TRANSFORMER_DIR / "config.json").write_text(json.dumps(config))
     return reae, dit

@@ -38,7 +38,8 @@ def imports(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("avatar_render")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("avatar_render") and not node.level:
+        elif (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("avatar_render")
+              and not node.level):
             found.add(node.module)
             found |= {f"{node.module}.{a.name}" for a in node.names}  # `from pkg import module`
     return found

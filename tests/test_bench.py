@@ -51,12 +51,14 @@ def test_bench_cli_writes_table_json_and_plots(tmp_path, face_png):
     speech = write_audio(tmp_path / "talk.wav", speech_like(1.0, 16000), 16000)
     out_dir = tmp_path / "results"
     done = subprocess.run([sys.executable, "-m", "avatar_render", "bench", "--durations", "1,2", "--sizes", "96x96",
-                           "--ref", str(face_png), "--speech", str(speech), "--out", str(out_dir), "chunk.chunk_frames=10",
+                           "--ref", str(face_png), "--speech", str(speech), "--out", str(out_dir),
+                           "chunk.chunk_frames=10",
                                "chunk.transition_frames=4"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "1 s at 96x96 (preview)" in done.stdout and "2 s at 96x96 (preview)" in done.stdout
-    assert "generated frames per second" in done.stdout and "bench.json" in done.stdout  # the table's caption, the files
+    # the table's caption, the files
+    assert "generated frames per second" in done.stdout and "bench.json" in done.stdout
     rows = json.loads((out_dir / "bench.json").read_text())
     assert [(r["duration_s"], r["frames"], r["backend"]) for r in rows] == [(1.0, 25, "preview"), (2.0, 50, "preview")]
     for r in rows:
@@ -69,7 +71,8 @@ def test_bench_cli_writes_table_json_and_plots(tmp_path, face_png):
 
 def test_bench_cli_reports_an_unknown_backend(tmp_path, face_png):
     speech = write_audio(tmp_path / "talk.wav", speech_like(1.0, 16000), 16000)
-    done = subprocess.run([sys.executable, "-m", "avatar_render", "bench", "--durations", "1", "--sizes", "96x96", "--backends", "nosuch",
+    done = subprocess.run([sys.executable, "-m", "avatar_render", "bench", "--durations", "1", "--sizes", "96x96",
+                           "--backends", "nosuch",
                            "--ref", str(face_png), "--speech", str(speech), "--out", str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "Traceback" not in done.stderr

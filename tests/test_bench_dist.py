@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_bench_dist_prints_stage_times_and_switches():
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_dist.py"), "-c", str(ROOT / "configs" / "tiny.yaml"),
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_dist.py"), "-c",
+                          str(ROOT / "configs" / "tiny.yaml"),
                           "--seconds", "1"], capture_output=True, text=True, timeout=300, check=True).stdout
     assert "devices: 1 x CPU (single process, sp=1); model: tiny" in out
     assert "NOT representative" in out

@@ -28,6 +28,7 @@ def test_spare_replicas_are_pointed_out_with_a_better_sequence_split():
     assert spare_replicas(mesh(8, 8), 3, heads=40) is None  # one replica
     assert spare_replicas(mesh(2, 1), 3, heads=40) is None  # 2 replicas for 3 passes
     note = spare_replicas(mesh(8, 1), 3, heads=40)
-    assert note.startswith("8 replicas") and "run 3 guidance pass(es) at once" in note and "5 of them only repeat work" in note and "dist.sp=4 " in note
+    assert (note.startswith("8 replicas") and "run 3 guidance pass(es) at once" in note
+            and "5 of them only repeat work" in note and "dist.sp=4 " in note)
     assert "dist.sp=8 " in spare_replicas(mesh(8, 2), 1, heads=40)
     assert "dist.sp=" not in spare_replicas(mesh(8, 1), 1, heads=3)  # no split divides 3 heads and 8 processes

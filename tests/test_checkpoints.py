@@ -163,7 +163,8 @@ def test_corrupt_file_is_named(tmp_path, weights):
 
 def lora_pair(out_f, in_shape, rank, seed):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(rank, *in_shape, generator=g), torch.randn(out_f, rank, *([1] * (len(in_shape) - 1)), generator=g)
+    return torch.randn(rank, *in_shape, generator=g), torch.randn(out_f, rank, *([1] * (len(in_shape) - 1)),
+                                                                  generator=g)
 
 
 def test_lora_merge_formats(tmp_path, weights):
@@ -196,7 +197,8 @@ def test_lora_merge_formats(tmp_path, weights):
         "blocks.0.self_attn.q.weight": before["blocks.0.self_attn.q.weight"] + scale * (up_q @ down_q) * 2.0 / r,
         "blocks.1.cross_attn.k.weight": before["blocks.1.cross_attn.k.weight"] + scale * (up_k @ down_k),
         "blocks.1.ffn.0.weight": before["blocks.1.ffn.0.weight"] + scale * (up_f @ down_f),
-        "patch_embedding.weight": before["patch_embedding.weight"] + scale * (up_p.flatten(1) @ down_p.flatten(1)).view(d, TINY.in_dim, 1, 2, 2),
+        "patch_embedding.weight": before["patch_embedding.weight"] + scale *
+        (up_p.flatten(1) @ down_p.flatten(1)).view(d, TINY.in_dim, 1, 2, 2),
         "blocks.0.audio_cross_attn.proj.bias": before["blocks.0.audio_cross_attn.proj.bias"] + scale * diff_b,
     }
     for k, v in after.items():
@@ -207,7 +209,8 @@ def test_lora_at_load_time(tmp_path, weights):
     folder, audio = write_native(tmp_path, weights)
     down, up = lora_pair(TINY.dim, (TINY.dim,), 2, 5)
     path = tmp_path / "l.safetensors"
-    save_file({"diffusion_model.blocks.1.self_attn.o.lora_down.weight": down, "diffusion_model.blocks.1.self_attn.o.lora_up.weight": up}, str(path))
+    save_file({"diffusion_model.blocks.1.self_attn.o.lora_down.weight": down,
+               "diffusion_model.blocks.1.self_attn.o.lora_up.weight": up}, str(path))
     model = load_dit(TINY, folder, audio=audio, dtype=None, loras=((path, 1.0),))
     torch.testing.assert_close(model.blocks[1].self_attn.o.weight, weights["blocks.1.self_attn.o.weight"] + up @ down)
 
@@ -224,6 +227,7 @@ def test_lora_errors_name_the_key(tmp_path):
         save_file({key: down}, str(path))
         msg = error_of(lambda: merge_lora(model, path))
         assert key in msg and why in msg
-    save_file({"diffusion_model.blocks.0.ffn.2.lora_down.weight": down, "diffusion_model.blocks.0.ffn.2.lora_up.weight": up}, str(path))
+    save_file({"diffusion_model.blocks.0.ffn.2.lora_down.weight": down,
+               "diffusion_model.blocks.0.ffn.2.lora_up.weight": up}, str(path))
     assert "blocks.0.ffn.2" in error_of(lambda: merge_lora(model, path))
     assert "does not exist" in error_of(lambda: merge_lora(model, tmp_path / "none.safetensors"))

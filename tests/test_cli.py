@@ -11,7 +11,8 @@ from tests.media import speech_like, write_audio, write_video_without_audio
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "avatar_render", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300)
+    return subprocess.run([sys.executable, "-m", "avatar_render", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,8 @@ def assert_one_sentence_error(done, *, contains: str):
 
 def test_render_writes_mp4_and_report(tmp_path, face_png, speech):
     out, report = tmp_path / "o.mp4", tmp_path / "r.json"
-    done = cli("render", "--ref", face_png, "--audio", speech, "-o", out, "--report", report, "video.width=96", "video.height=96", "--seed", "3")
+    done = cli("render", "--ref", face_png, "--audio", speech, "-o", out, "--report", report, "video.width=96",
+               "video.height=96", "--seed", "3")
     assert done.returncode == 0, done.stderr
     assert "Wrote" in done.stdout and "first frame" in done.stdout and "peak memory" in done.stdout
     rep = json.loads(report.read_text())

@@ -18,7 +18,8 @@ def test_shipped_configs_load(name):
 
 
 @pytest.mark.parametrize("override,key", [("preview.fpx=1", "preview.fpx"), ("video.width=abc", "video.width"),
-                                          ("chunk.chunk_frames=0", "chunk.chunk_frames"), ("model.sr=latent2x", "model.sr")])
+                                          ("chunk.chunk_frames=0", "chunk.chunk_frames"),
+                                          ("model.sr=latent2x", "model.sr")])
 def test_bad_keys_are_named(override, key):
     with pytest.raises(AvatarRenderError, match=key.replace(".", r"\.")):
         load_config(None, (override,))

@@ -33,7 +33,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path(TORCHRUN).exists(), 
 
 
 def env(**extra) -> dict:
-    e = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     return {**e, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
 
 
@@ -44,7 +45,8 @@ def torchrun(n: int, args: list[str], *, timeout: float = 90, **extra) -> subpro
 
 def render_args(tmp: Path, audio: Path, name: str, *overrides: str) -> list[str]:
     return ["-m", "avatar_render", "render", "--ref", str(ROOT / "examples" / "face.png"), "--audio", str(audio),
-            "-o", str(tmp / f"{name}.mp4"), "-c", str(ROOT / "configs" / "tiny.yaml"), "--report", str(tmp / f"{name}.json"),
+            "-o", str(tmp / f"{name}.mp4"), "-c", str(ROOT / "configs" / "tiny.yaml"), "--report",
+            str(tmp / f"{name}.json"),
             "video.crf=0", *overrides]
 
 
@@ -135,7 +137,8 @@ WORKER = textwrap.dedent('''
         g = torch.Generator().manual_seed(1)
         f, h, w = 3, 2, 6  # 9 tokens: not a multiple of sp, so the padding path runs
         x = torch.randn(1, c.in_dim, f, h, w, generator=g)
-        args = (x, torch.tensor([700.0]), torch.randn(1, 5, c.text_dim, generator=g), torch.randn(1, 7, c.clip_dim, generator=g),
+        args = (x, torch.tensor([700.0]), torch.randn(1, 5, c.text_dim, generator=g),
+                torch.randn(1, 7, c.clip_dim, generator=g),
                 torch.randn(1, c.video_frames(f), c.audio_window, c.audio_layers, c.audio_dim, generator=g))
         with torch.no_grad():
             want = materialize_random(build_dit(c), seed=0)(*args)
@@ -156,7 +159,8 @@ WORKER = textwrap.dedent('''
             got_passes = split_passes(mesh, serial)(names, lambda n: run(n, model))
         mine, total = local_numel(model)
         json.dump({"mine": mine, "total": total, "diff": (got - want).abs().max().item(),
-                   "repeat": (again - got).abs().max().item(), "ulysses": isinstance(model.blocks[0].self_attn.op, UlyssesOp),
+                   "repeat": (again - got).abs().max().item(),
+                   "ulysses": isinstance(model.blocks[0].self_attn.op, UlyssesOp),
                    "sp": mesh.size("sp"), "fsdp": mesh.size("fsdp"), "rep": mesh.size("rep"), "ran": ran,
                    "cfg_diff": max((got_passes[n] - want_passes[n]).abs().max().item() for n in names)},
                   open(f"{out}.{mesh.rank}", "w"))
@@ -200,7 +204,8 @@ def test_the_preview_renders_without_torch(tmp_path):
             f"sys.argv = ['avatar-render', 'render', '--ref', {str(ROOT / 'examples' / 'face.png')!r}, '--audio', "
             f"{str(ROOT / 'examples' / 'talk.wav')!r}, '-o', {str(tmp_path / 'o.mp4')!r}, '--quiet', 'video.width=64', "
             "'video.height=64']; main()")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "o.mp4").stat().st_size > 0
 
@@ -271,7 +276,8 @@ SHARDED_READ = textwrap.dedent('''
     ck.load_into = watched
     cfg = load_config(sys.argv[2], ("model.root=" + sys.argv[3],))
     with session() as mesh:
-        comps = make_components(cfg.model, seed=0, parallel=dit_plan(cfg.dist, mesh), text_shard=text_plan(cfg.dist, mesh))
+        comps = make_components(cfg.model, seed=0, parallel=dit_plan(cfg.dist, mesh),
+                                text_shard=text_plan(cfg.dist, mesh))
         for m in (comps.dit, comps.text):
             m.load()
             m.prefetch()  # (no-ops once sharded)
@@ -279,7 +285,8 @@ SHARDED_READ = textwrap.dedent('''
         mine, total = local_numel(comps.dit.net)
         text_mine, text_total = local_numel(comps.text.net)
         json.dump({"sharded_when_read": seen, "mine": mine, "total": total, "text": text_mine / text_total,
-                   "placements": [comps.dit.placement.value, comps.text.placement.value]}, open(f"{sys.argv[1]}.{mesh.rank}", "w"))
+                   "placements": [comps.dit.placement.value, comps.text.placement.value]},
+                  open(f"{sys.argv[1]}.{mesh.rank}", "w"))
 ''')
 
 

@@ -22,7 +22,8 @@ def tiny_inputs(cfg: DiTConfig, *, batch=2, frames=3, h=4, w=6, text=7, seed=0):
         t=torch.tensor([999.0, 37.5][:batch]),
         context=torch.randn(batch, text, cfg.text_dim, generator=g),
         clip_fea=torch.randn(batch, cfg.clip_tokens, cfg.clip_dim, generator=g),
-        audio=torch.randn(batch, cfg.video_frames(frames), cfg.audio_window, cfg.audio_layers, cfg.audio_dim, generator=g),
+        audio=torch.randn(batch, cfg.video_frames(frames), cfg.audio_window, cfg.audio_layers, cfg.audio_dim,
+                          generator=g),
     )
 
 
@@ -118,7 +119,8 @@ def reference_audio_tokens(proj, audio, vae_scale):
     rows = [proj.proj1(audio[:, 0].reshape(b, -1))]
     for start in range(1, f_video, vae_scale):
         group = [audio[:, start + i] for i in range(vae_scale)]  # each [B, W, Ly, Ca]
-        packed = torch.cat([group[0][:, : mid + 1]] + [g[:, mid : mid + 1] for g in group[1:-1]] + [group[-1][:, mid:]], dim=1)
+        packed = torch.cat([group[0][:, : mid + 1]] + [g[:, mid : mid + 1] for g in group[1:-1]] + [group[-1][:, mid:]],
+                           dim=1)
         rows.append(proj.proj1_vf(packed.reshape(b, -1)))
     h = torch.relu(torch.stack(rows, dim=1))
     h = proj.proj3(torch.relu(proj.proj2(h))).reshape(b, len(rows), proj.context_tokens, proj.output_dim)
@@ -146,7 +148,8 @@ def test_audio_branch_matches_direct_reference(tiny_model):
     block = tiny_model.blocks[1]
     with torch.no_grad():
         tokens = tiny_model.audio_proj(inputs["audio"])
-        torch.testing.assert_close(tokens, reference_audio_tokens(tiny_model.audio_proj, inputs["audio"], TINY.vae_scale))
+        torch.testing.assert_close(tokens,
+                                   reference_audio_tokens(tiny_model.audio_proj, inputs["audio"], TINY.vae_scale))
         assert tokens.shape == (2, 3, TINY.audio_context_tokens, TINY.audio_output_dim)
         x = torch.randn(2, 3 * 2 * 3, TINY.dim)  # 3 latent frames of 2x3 tokens
         got = block.audio_cross_attn(x, tokens)

@@ -101,7 +101,8 @@ def test_statistics_merge_over_spans(audio_encoder: AudioEncoder, speech: np.nda
     """Statistics of a window reproduce its own normalisation; merged spans stand for the whole."""
     win = _window(speech, 40, 73, 16000)
     own = audio_encoder.encode(win, num_frames=33, pad_s=1.0)
-    assert (audio_encoder.encode(win, num_frames=33, pad_s=1.0, stats=audio_encoder.statistics(win)) - own).abs().max() < 1e-4
+    assert (audio_encoder.encode(win, num_frames=33, pad_s=1.0, stats=audio_encoder.statistics(win))
+            - own).abs().max() < 1e-4
     whole = audio_encoder.statistics(speech)
     split = 64 * HOP
     merged = audio_encoder.statistics(speech[:split]).merge(audio_encoder.statistics(speech[split:]))
@@ -147,7 +148,8 @@ def test_audio_encoder_errors(tmp_path) -> None:
     state.pop("wav2vec2.encoder.extra.weight")
     state["wav2vec2.encoder.layer_norm.weight"] = torch.zeros(768)
     torch.save(state, folder / "pytorch_model.bin")
-    with pytest.raises(AvatarRenderError, match=r"'wav2vec2.encoder.layer_norm.weight' of shape \(768\) .* needs \(32\)"):
+    with pytest.raises(AvatarRenderError,
+                       match=r"'wav2vec2.encoder.layer_norm.weight' of shape \(768\) .* needs \(32\)"):
         AudioEncoder(path=folder).load()
     (folder / "pytorch_model.bin").unlink()
     with pytest.raises(AvatarRenderError, match="model.safetensors is missing"):
@@ -273,7 +275,8 @@ def _clip_reference(sd: dict, image: torch.Tensor, cfg: ImageEncoderConfig) -> t
         a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         x = x + a.transpose(1, 2).reshape(b, s, d) @ sd[p + "attn.proj.weight"].T + sd[p + "attn.proj.bias"]
         h = F.layer_norm(x, (d,), sd[p + "norm2.weight"], sd[p + "norm2.bias"], 1e-5)
-        x = x + F.gelu(h @ sd[p + "mlp.0.weight"].T + sd[p + "mlp.0.bias"]) @ sd[p + "mlp.2.weight"].T + sd[p + "mlp.2.bias"]
+        x = (x + F.gelu(h @ sd[p + "mlp.0.weight"].T + sd[p + "mlp.0.bias"]) @ sd[p + "mlp.2.weight"].T
+             + sd[p + "mlp.2.bias"])
     return x
 
 

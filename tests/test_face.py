@@ -172,7 +172,8 @@ def _boxes(lay: FaceLayout) -> list[tuple[float, float, float, float]]:
 from avatar_render.face import mesh as fm  # noqa: E402
 from avatar_render.face.landmarks import LandmarkModel, find_model  # noqa: E402
 
-needs_model = pytest.mark.skipif(find_model() is None, reason="face landmark model not installed (scripts/fetch_face_model.py)")
+needs_model = pytest.mark.skipif(find_model() is None,
+                                 reason="face landmark model not installed (scripts/fetch_face_model.py)")
 
 
 @needs_model

@@ -137,17 +137,20 @@ def test_refused_with_one_line(media, case):
 def test_read_only_output_folder(media, tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], capture_output=True).returncode:
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)],
+                                           capture_output=True).returncode:
         pytest.skip("needs a read-only mount (root)")
     try:
-        result = run_cli("render", "--ref", media / "face.png", "--audio", media / "talk.wav", "-o", folder / "o.mp4", *TINY)
+        result = run_cli("render", "--ref", media / "face.png", "--audio", media / "talk.wav", "-o", folder / "o.mp4",
+                         *TINY)
         assert result.exit_code == 1 and "Cannot write to the output directory" in one_line(result, "Error: ")
     finally:
         subprocess.run(["umount", str(folder)], check=True)
 
 
 def test_no_face_warns_by_default(media, tmp_path):
-    result = run_cli("render", "--ref", media / "wall.png", "--audio", media / "talk.wav", "-o", tmp_path / "o.mp4", *TINY)
+    result = run_cli("render", "--ref", media / "wall.png", "--audio", media / "talk.wav", "-o", tmp_path / "o.mp4",
+                     *TINY)
     assert result.exit_code == 0
     assert "no face was found in the reference" in one_line(result, "Warning: ")
     assert (tmp_path / "o.mp4").is_file()
@@ -223,7 +226,8 @@ def test_silence_gives_a_closed_mouth_that_blinks(media, tmp_path, face_png):
 def long_silent_wav(path: Path, seconds: int, rate: int = 8000) -> Path:
     """A 16-bit mono WAV of ``seconds`` of silence, written as a sparse file in no time."""
     data = seconds * rate * 2
-    header = b"RIFF" + struct.pack("<I", 36 + data) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+    header = (b"RIFF" + struct.pack("<I", 36 + data) + b"WAVEfmt "
+              + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16))
     with open(path, "wb") as f:
         f.write(header + b"data" + struct.pack("<I", data))
         f.truncate(44 + data)
@@ -240,7 +244,8 @@ def test_hours_of_audio_stream_in_constant_memory(media, tmp_path):
 
     rss = current_rss_mb()
     with pytest.raises(RenderStopped) as stopped:
-        api(tmp_path, media / "face.png", audio, "chunk.chunk_frames=25", "chunk.transition_frames=0",  # four whole chunks
+        # four whole chunks
+        api(tmp_path, media / "face.png", audio, "chunk.chunk_frames=25", "chunk.transition_frames=0",
             "video.gop_seconds=1", on_progress=seen.append, should_stop=stop)
     assert current_rss_mb() - rss < 100  # three hours of decoded audio would be about 1 GB
     assert seen[-1].frames_total == 3 * 3600 * 25 and stopped.value.frames == seen[-1].frames_done == 100

@@ -62,7 +62,8 @@ def model_folder(tmp_path_factory) -> Path:
     weights = materialize_random(build_dit(arch.dit), seed=3).state_dict()
     write_sharded(root, {k: v.contiguous() for k, v in weights.items() if not is_audio(k)})
     (top / "InfiniteTalk" / "single").mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in weights.items() if is_audio(k)}, str(top / "InfiniteTalk" / "single" / "infinitetalk.safetensors"))
+    save_file({k: v.contiguous() for k, v in weights.items() if is_audio(k)},
+              str(top / "InfiniteTalk" / "single" / "infinitetalk.safetensors"))
     write_vae(root, "wan")
     write_umt5(root, "wan")
     write_clip(root, "wan")
@@ -88,7 +89,8 @@ def test_missing_and_mismatched_weights_are_one_sentence(tmp_path, face_png, spe
 
 
 def test_backend_size_rules_are_config_errors(tmp_path, face_png, speech):
-    for bad, key in [("chunk.chunk_frames=18", "chunk.chunk_frames"), ("chunk.context_frames=4", "chunk.context_frames"),
+    for bad, key in [("chunk.chunk_frames=18", "chunk.chunk_frames"),
+                     ("chunk.context_frames=4", "chunk.context_frames"),
                      ("video.width=72", "video.width")]:
         with pytest.raises(AvatarRenderError, match=key.replace(".", r"\.")):
             render(RenderRequest(reference=face_png, audio=speech, output=tmp_path / "c.mp4", config=tiny_config(bad)))

@@ -53,7 +53,8 @@ def _check(received, file) -> None:
 
 def _render(tmp: Path, seconds: float, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     audio = speech(tmp / "speech.wav", seconds)
-    return subprocess.run(render_cmd("--audio", str(audio), *args), capture_output=True, text=True, env=env(), timeout=timeout)
+    return subprocess.run(render_cmd("--audio", str(audio), *args), capture_output=True, text=True, env=env(),
+                          timeout=timeout)
 
 
 @needs_ffmpeg
@@ -83,7 +84,8 @@ def test_srt_listener_gets_every_frame(tmp_path: Path) -> None:
     listener = _listener("-i", f"srt://127.0.0.1:{port}?mode=listener", "-c", "copy", "-f", "mpegts", "-y", str(got))
     first = FirstBytes(got)
     out = tmp_path / "out.mp4"
-    result = _render(tmp_path, 5.0, "-o", str(out), "--live", f"srt://127.0.0.1:{port}", "-q", "video.width=128", "video.height=128")
+    result = _render(tmp_path, 5.0, "-o", str(out), "--live", f"srt://127.0.0.1:{port}", "-q", "video.width=128",
+                     "video.height=128")
     assert result.returncode == 0, result.stderr
     listener.wait(timeout=30)
     first.done.set()
@@ -95,7 +97,8 @@ def test_srt_listener_gets_every_frame(tmp_path: Path) -> None:
 def test_served_hls_followed_by_ffmpeg_while_rendering(tmp_path: Path) -> None:
     audio = speech(tmp_path / "speech.wav", 12.0)
     out = tmp_path / "out.mp4"
-    proc = subprocess.Popen(render_cmd("--audio", str(audio), "-o", str(out), "--serve", "0", "--serve-linger", "5", "-q",
+    proc = subprocess.Popen(render_cmd("--audio", str(audio), "-o", str(out), "--serve", "0", "--serve-linger", "5",
+                                       "-q",
                                        "chunk.transition_frames=0"),  # 2 s chunks, each a segment
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
     url = re.search(r"http://\S+", proc.stdout.readline()).group(0)
@@ -104,7 +107,8 @@ def test_served_hls_followed_by_ffmpeg_while_rendering(tmp_path: Path) -> None:
         time.sleep(0.05)
         assert proc.poll() is None, proc.stdout.read()
     listed_at = time.time()
-    follower = subprocess.run([FFMPEG, "-hide_banner", "-loglevel", "verbose", "-live_start_index", "0", "-i", url + "live/live.m3u8",
+    follower = subprocess.run([FFMPEG, "-hide_banner", "-loglevel", "verbose", "-live_start_index", "0", "-i",
+                               url + "live/live.m3u8",
                                "-c", "copy", "-y", str(copy)], capture_output=True, text=True, timeout=120)
     assert follower.returncode == 0, follower.stderr[-2000:]
     assert proc.wait(timeout=60) == 0, proc.stdout.read()
@@ -129,19 +133,22 @@ def test_watch_page_plays_in_chromium_while_rendering(tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="needs Playwright (pip install -e '.[test]')")
     audio = speech(tmp_path / "speech.wav", 16.0)
     out = tmp_path / "out.mp4"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update",
              "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required"]
     with sync_api.sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
         browser = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=flags)
         page = browser.new_page()
-        proc = subprocess.Popen(render_cmd("--audio", str(audio), "-o", str(out), "--serve", "0", "--serve-linger", "2", "-q"),
+        proc = subprocess.Popen(render_cmd("--audio", str(audio), "-o", str(out), "--serve", "0", "--serve-linger", "2",
+                                           "-q"),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
         url = re.search(r"http://\S+", proc.stdout.readline()).group(0)
         page.goto(url)
         page.wait_for_function("window.watch.firstFrameAt !== null", timeout=120_000)
         page.evaluate("document.getElementById('video').playbackRate = 2")  # (a quicker test)
         page.wait_for_function("window.watch.ended", timeout=120_000)
-        seen = page.evaluate("""() => { const v = document.getElementById('video'); const q = v.getVideoPlaybackQuality();
+        seen = page.evaluate("""() => { const v = document.getElementById('video');
+            const q = v.getVideoPlaybackQuality();
             return {first: window.watch.firstFrameAt, frames: q.totalVideoFrames, duration: v.duration,
                     buffered: v.buffered.end(v.buffered.length - 1), audio: v.webkitAudioDecodedByteCount,
                     errors: window.watch.errors}; }""")
@@ -160,7 +167,8 @@ def test_fragmented_mp4_on_standard_output(tmp_path: Path) -> None:
     audio = speech(tmp_path / "speech.wav", 4.0)
     piped = tmp_path / "piped.mp4"
     with piped.open("wb") as sink:
-        result = subprocess.run(render_cmd("--audio", str(audio), "-o", str(out), "--live", "-", "video.width=64", "video.height=64"),
+        result = subprocess.run(render_cmd("--audio", str(audio), "-o", str(out), "--live", "-", "video.width=64",
+                                           "video.height=64"),
                                 stdout=sink, stderr=subprocess.PIPE, text=True, env=env(), timeout=120)
     assert result.returncode == 0, result.stderr
     assert "Wrote" in result.stderr  # the human text moved to stderr
@@ -172,7 +180,8 @@ def test_a_refusing_server_is_one_sentence(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     result = _render(tmp_path, 2.0, "--live", f"rtmp://127.0.0.1:{port}/live/key", "video.width=64", "video.height=64")
     assert result.returncode == 1
-    assert result.stderr.strip() == f"Error: Could not connect to the live target rtmp://127.0.0.1:{port}/live/…: connection refused."
+    assert result.stderr.strip() == (f"Error: Could not connect to the live target rtmp://127.0.0.1:{port}/live/…: "
+                                     "connection refused.")
 
 
 def test_bad_targets_and_options_are_one_sentence(tmp_path: Path) -> None:
@@ -186,7 +195,8 @@ def test_bad_targets_and_options_are_one_sentence(tmp_path: Path) -> None:
              ("--live", "-", "--resume"): "--resume needs -o"}
     for args, words in cases.items():
         result = _render(tmp_path, 1.0, *args, "video.width=64", "video.height=64", timeout=60)
-        assert result.returncode == 1 and words in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+        assert (result.returncode == 1 and words in result.stderr
+                and "Traceback" not in result.stderr), (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 

@@ -35,7 +35,8 @@ BACKGROUND = _texture(1, 3.0)
 SKIN_TEXTURE = _texture(2, 1.5)
 
 
-def face_frame(*, mouth: float = 0.0, eyes: float = 0.0, shift=(0.0, 0.0), tint=(0, 0, 0), other_face: bool = False) -> np.ndarray:
+def face_frame(*, mouth: float = 0.0, eyes: float = 0.0, shift=(0.0, 0.0), tint=(0, 0, 0),
+               other_face: bool = False) -> np.ndarray:
     """(SIZE, SIZE, 3) uint8: a drawn face at FACE with the mouth open by ``mouth`` (0..1) and the eyes
     closed by ``eyes`` (0..1), the whole picture moved by ``shift`` pixels and offset by ``tint``."""
     lay = layout_from_box(Box(*FACE))
@@ -48,7 +49,8 @@ def face_frame(*, mouth: float = 0.0, eyes: float = 0.0, shift=(0.0, 0.0), tint=
     if other_face:  # a different face: wide brows, a moustache, a scar
         cv2.rectangle(big, (s(f.x + 8), s(f.y + 12)), (s(f.x + f.w - 8), s(f.y + 17)), (60, 40, 30), -1)
         cv2.line(big, (s(f.x + 10), s(f.y + 25)), (s(f.x + 30), s(f.y + 50)), (120, 60, 60), 3 * SS)
-        cv2.ellipse(big, (s(lay.mouth.cx), s(lay.mouth.y - 2)), (s(lay.mouth.w * 0.7), s(4)), 0, 0, 360, (50, 35, 25), -1)
+        cv2.ellipse(big, (s(lay.mouth.cx), s(lay.mouth.y - 2)), (s(lay.mouth.w * 0.7), s(4)), 0, 0, 360, (50, 35, 25),
+                    -1)
     face_mask = np.zeros(big.shape[:2], np.float32)
     cv2.ellipse(face_mask, (s(f.cx), s(f.cy)), (s(f.w * 0.48), s(f.h * 0.62)), 0, 0, 360, 1.0, -1)
     big += (SKIN_TEXTURE * 8 * face_mask)[..., None]
@@ -60,10 +62,12 @@ def face_frame(*, mouth: float = 0.0, eyes: float = 0.0, shift=(0.0, 0.0), tint=
             top = e.cy - e.h * 0.6
             cv2.rectangle(big, (s(e.x - 1), s(top)), (s(e.x + e.w + 1), s(top + eyes * e.h * 1.2)), (200, 155, 130), -1)
     m = lay.mouth
-    cv2.ellipse(big, (s(m.cx), s(m.cy + mouth * m.w * 0.2)), (s(m.w * 0.45), s(m.h * 0.3 + mouth * m.w * 0.22)), 0, 0, 360, (70, 20, 30), -1)
+    cv2.ellipse(big, (s(m.cx), s(m.cy + mouth * m.w * 0.2)), (s(m.w * 0.45), s(m.h * 0.3 + mouth * m.w * 0.22)), 0, 0,
+                360, (70, 20, 30), -1)
     frame = cv2.resize(big, (SIZE, SIZE), interpolation=cv2.INTER_AREA)
     if shift != (0.0, 0.0):
-        frame = cv2.warpAffine(frame, np.float32([[1, 0, shift[0]], [0, 1, shift[1]]]), (SIZE, SIZE), borderMode=cv2.BORDER_REFLECT)
+        frame = cv2.warpAffine(frame, np.float32([[1, 0, shift[0]], [0, 1, shift[1]]]), (SIZE, SIZE),
+                               borderMode=cv2.BORDER_REFLECT)
     return np.clip(frame + np.array(tint, np.float32) + 0.5, 0, 255).astype(np.uint8)
 
 
@@ -164,9 +168,11 @@ def test_boundaries_follow_the_chunk_plan_with_i_chunks():
 
 
 def test_boundaries_follow_a_short_first_chunk_and_the_backends_lead_frame():
-    report = {"config": {"backend": "infinitetalk", "chunk": {"chunk_frames": 16, "context_frames": 5, "transition_frames": 0,
+    report = {"config": {"backend": "infinitetalk",
+                         "chunk": {"chunk_frames": 16, "context_frames": 5, "transition_frames": 0,
                                                               "first_frames": 4}},
-              "chunks": [{"start": 0, "end": 1}, {"start": 1, "end": 5}]}  # the first frame published alone is no boundary
+              # the first frame published alone is no boundary
+              "chunks": [{"start": 0, "end": 1}, {"start": 1, "end": 5}]}
     assert [(b.frame, b.kind) for b in chunk_boundaries(report, 40)] == [(5, "seam"), (21, "seam"), (37, "seam")]
     report["config"]["chunk"]["first_frames"] = 0
     assert [b.frame for b in chunk_boundaries(report, 40)] == [17, 33]
@@ -191,7 +197,8 @@ def test_mouth_motion_during_silence(tmp_path):
     wav = tone_wav(tmp_path / "speech.wav", speech)
     still = write_video(tmp_path / "still.mp4", (face_frame(mouth=m) for m in speech))
     chatter = np.where(np.arange(n) // 4 % 2 == 1, 0.8, 0.0)
-    moving = write_video(tmp_path / "moving.mp4", (face_frame(mouth=m if not 60 <= i < 100 else chatter[i]) for i, m in enumerate(speech)))
+    moving = write_video(tmp_path / "moving.mp4",
+                         (face_frame(mouth=m if not 60 <= i < 100 else chatter[i]) for i, m in enumerate(speech)))
     quiet = inspect_video(still, audio=wav, face_box=FACE).mouth
     busy = inspect_video(moving, audio=wav, face_box=FACE).mouth
     assert quiet.silence_s >= 1.0
@@ -265,7 +272,8 @@ def small_render(tmp_path_factory, face_png):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "avatar_render", *map(str, args)], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "avatar_render", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_inspect_cli_on_a_real_render(small_render, face_png, tmp_path):
@@ -307,7 +315,8 @@ def test_face_sharpness_falls_with_blur_and_is_relative_to_the_reference(tmp_pat
         got[name] = inspect_video(video, face_box=FACE).sharpness
     assert got["soft"].face.mean < 0.3 * got["sharp"].face.mean
     # Without a reference image the first frame is the reference: a still video is as sharp as itself.
-    assert got["sharp"].relative == pytest.approx(1.0, abs=0.05) and got["soft"].relative == pytest.approx(1.0, abs=0.05)
+    assert (got["sharp"].relative == pytest.approx(1.0, abs=0.05)
+            and got["soft"].relative == pytest.approx(1.0, abs=0.05))
     blurred_in_time = write_video(tmp_path / "later.mp4", (sharp if i < 13 else soft for i in range(25)))
     result = inspect_video(blurred_in_time, face_box=FACE).sharpness
     assert result.relative < 0.7 and result.face.per_second[0] < result.reference

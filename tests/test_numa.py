@@ -58,6 +58,8 @@ def test_no_sysfs_entry_or_no_pci_location(tmp_path):
 
 
 def test_one_log_line_for_all_processes():
-    assert describe([Affinity(None, why="no GPUs (gloo on the CPU)")] * 2) == "CPU affinity left as it is: no GPUs (gloo on the CPU)."
+    assert (describe([Affinity(None, why="no GPUs (gloo on the CPU)")] * 2)
+            == "CPU affinity left as it is: no GPUs (gloo on the CPU).")
     line = describe([Affinity(0, (0, 1)), Affinity(1, (2, 3)), Affinity(None, why="x")])
-    assert line == "CPU affinity: process 0 on NUMA node 0 (2 CPUs), process 1 on NUMA node 1 (2 CPUs), process 2 unpinned (x)."
+    assert line == ("CPU affinity: process 0 on NUMA node 0 (2 CPUs), process 1 on NUMA node 1 (2 CPUs), "
+                    "process 2 unpinned (x).")

@@ -19,7 +19,8 @@ from avatar_render.job.journal import MARKER
 from tests.media import speech_like, write_audio
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ("video.width=48", "video.height=48", "chunk.chunk_frames=10", "chunk.transition_frames=4", "video.gop_seconds=0.4", "-q")
+TINY = ("video.width=48", "video.height=48", "chunk.chunk_frames=10", "chunk.transition_frames=4",
+        "video.gop_seconds=0.4", "-q")
 
 
 def state(folder: Path) -> dict[str, tuple]:
@@ -67,32 +68,49 @@ def no_complete_output(d: Path) -> None:
 
 
 CASES = {  # name: (set-up of the folder, extra CLI arguments, words of the one error line)
-    "partial is a link to a user's file": (lambda d: os.symlink(d / "mine.txt", d / "out.partial.mp4"), (), "no resume journal"),
-    "partial is a link, with --force": (lambda d: os.symlink(d / "mine.txt", d / "out.partial.mp4"), ("--force",), "no resume journal"),
-    "partial is a user's file": (lambda d: (d / "out.partial.mp4").write_text("mine"), (), "is not an interrupted render"),
-    "partial is a user's file, with --force": (lambda d: (d / "out.partial.mp4").write_text("mine"), ("--force",), "is not an interrupted render"),
-    "partial is a user's file, with --resume": (lambda d: (d / "out.partial.mp4").write_text("mine"), ("--resume",), "is not an interrupted render"),
+    "partial is a link to a user's file": (lambda d: os.symlink(d / "mine.txt", d / "out.partial.mp4"), (),
+                                           "no resume journal"),
+    "partial is a link, with --force": (lambda d: os.symlink(d / "mine.txt", d / "out.partial.mp4"), ("--force",),
+                                        "no resume journal"),
+    "partial is a user's file": (lambda d: (d / "out.partial.mp4").write_text("mine"), (),
+                                 "is not an interrupted render"),
+    "partial is a user's file, with --force": (lambda d: (d / "out.partial.mp4").write_text("mine"), ("--force",),
+                                               "is not an interrupted render"),
+    "partial is a user's file, with --resume": (lambda d: (d / "out.partial.mp4").write_text("mine"), ("--resume",),
+                                                "is not an interrupted render"),
     "partial is a folder": (lambda d: (d / "out.partial.mp4").mkdir(), (), "no resume journal"),
-    "journal is a link to a folder": (lambda d: os.symlink(d / "theirs", d / "out.mp4.journal"), (), "was not made by it"),
-    "journal is a link to a folder, with --force": (lambda d: os.symlink(d / "theirs", d / "out.mp4.journal"), ("--force",), "was not made by it"),
-    "journal is a folder without the marker": (lambda d: (d / "out.mp4.journal").mkdir(), ("--force",), "was not made by it"),
+    "journal is a link to a folder": (lambda d: os.symlink(d / "theirs", d / "out.mp4.journal"), (),
+                                      "was not made by it"),
+    "journal is a link to a folder, with --force": (lambda d: os.symlink(d / "theirs", d / "out.mp4.journal"),
+                                                    ("--force",), "was not made by it"),
+    "journal is a folder without the marker": (lambda d: (d / "out.mp4.journal").mkdir(), ("--force",),
+                                               "was not made by it"),
     "journal is a file": (lambda d: (d / "out.mp4.journal").write_text("x"), (), "was not made by it"),
-    "journal marker is a link": (lambda d: ((d / "out.mp4.journal").mkdir(), os.symlink(d / "mine.txt", d / "out.mp4.journal" / MARKER)), (), "was not made by it"),
+    "journal marker is a link": (
+        lambda d: ((d / "out.mp4.journal").mkdir(), os.symlink(d / "mine.txt", d / "out.mp4.journal" / MARKER)), (),
+        "was not made by it"),
     "report is the audio": (lambda d: None, ("--report", "{d}/talk.wav"), "is the audio file"),
     "report is the reference": (lambda d: None, ("--report", "{d}/face.png", "--force"), "is the reference file"),
-    "report is a link to the audio": (lambda d: os.symlink(d / "talk.wav", d / "r.json"), ("--report", "{d}/r.json", "--force"), "is the audio file"),
+    "report is a link to the audio": (lambda d: os.symlink(d / "talk.wav", d / "r.json"),
+                                      ("--report", "{d}/r.json", "--force"), "is the audio file"),
     "report is the output": (lambda d: None, ("--report", "{d}/out.mp4"), "the same file"),
     "report is a folder": (lambda d: None, ("--report", "{d}/theirs"), "it is a folder"),
     "report in a missing folder": (lambda d: None, ("--report", "{d}/nowhere/r.json"), "does not exist"),
-    "report is a link": (lambda d: os.symlink(d / "mine.txt", d / "r.json"), ("--report", "{d}/r.json"), "is a symbolic link"),
-    "report is the config": (lambda d: (d / "c.yaml").write_text("seed: 1\n"), ("--report", "{d}/c.yaml", "-c", "{d}/c.yaml"), "is the config file"),
+    "report is a link": (lambda d: os.symlink(d / "mine.txt", d / "r.json"), ("--report", "{d}/r.json"),
+                         "is a symbolic link"),
+    "report is the config": (lambda d: (d / "c.yaml").write_text("seed: 1\n"),
+                             ("--report", "{d}/c.yaml", "-c", "{d}/c.yaml"), "is the config file"),
     "output is the audio, with --force": (lambda d: write_audio(d / "talk.mp4", speech_like(1.0, 16000), 16000),
-                                          ("--audio", "{d}/talk.mp4", "-o", "{d}/talk.mp4", "--force"), "is the audio file"),
-    "output is a link to the reference, with --force": (lambda d: ((d / "face.mp4").write_bytes((d / "face.png").read_bytes()), os.symlink(d / "face.mp4", d / "out.mp4")),
-                                                        ("--ref", "{d}/face.mp4", "--force"), "is the reference file"),
+                                          ("--audio", "{d}/talk.mp4", "-o", "{d}/talk.mp4", "--force"),
+                                          "is the audio file"),
+    "output is a link to the reference, with --force": (
+        lambda d: ((d / "face.mp4").write_bytes((d / "face.png").read_bytes()),
+                   os.symlink(d / "face.mp4", d / "out.mp4")),
+        ("--ref", "{d}/face.mp4", "--force"), "is the reference file"),
     "partial is the audio": (lambda d: write_audio(d / "out.partial.mp4", speech_like(1.0, 16000), 16000),
                              ("--audio", "{d}/out.partial.mp4", "--force"), "is the audio file"),
-    "output is a dangling link": (lambda d: os.symlink(d / "gone.mp4", d / "out.mp4"), (), "is a symbolic link; pass --force"),
+    "output is a dangling link": (lambda d: os.symlink(d / "gone.mp4", d / "out.mp4"), (),
+                                  "is a symbolic link; pass --force"),
     "output is a link to a folder": (lambda d: os.symlink(d / "theirs", d / "out.mp4"), ("--force",), "is a directory"),
     "output name too long for the journal": (lambda d: None, ("-o", "{d}/" + "n" * 246 + ".mp4"), "is too long"),
 }
@@ -113,7 +131,8 @@ def test_unwritable_report_folder_is_refused_before_the_first_frame(d):
     folder = d / "ro"
     folder.mkdir(mode=0o500)
     mounted = os.geteuid() == 0  # root writes into any folder, but not into a read-only file system
-    if mounted and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], capture_output=True).returncode:
+    if mounted and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)],
+                                  capture_output=True).returncode:
         pytest.skip("needs a read-only mount as root")
     try:
         refused(render(d, "--report", str(folder / "r.json")), "is not writable")
@@ -161,12 +180,15 @@ main()
 def test_killed_while_moving_into_place_then_resumed(d):
     args = ["render", "--ref", str(d / "face.png"), "--audio", str(d / "talk.wav"), *TINY]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    whole = subprocess.run([sys.executable, "-m", "avatar_render", *args, "-o", str(d / "whole.mp4")], env=env, capture_output=True, text=True)
+    whole = subprocess.run([sys.executable, "-m", "avatar_render", *args, "-o", str(d / "whole.mp4")], env=env,
+                           capture_output=True, text=True)
     assert whole.returncode == 0, whole.stderr
-    killed = subprocess.run([sys.executable, "-c", KILL_IN_MOVE, *args, "-o", str(d / "out.mp4")], env=env, capture_output=True, text=True)
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_MOVE, *args, "-o", str(d / "out.mp4")], env=env,
+                            capture_output=True, text=True)
     assert killed.returncode == -signal.SIGKILL
     assert (d / "out.mp4.journal").is_dir() and (d / "out.mp4").exists()
-    resumed = subprocess.run([sys.executable, "-m", "avatar_render", *[a for a in args if a != "-q"], "-o", str(d / "out.mp4"), "--resume"],
+    resumed = subprocess.run([sys.executable, "-m", "avatar_render", *[a for a in args if a != "-q"], "-o",
+                              str(d / "out.mp4"), "--resume"],
                              env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert "was complete" in resumed.stdout

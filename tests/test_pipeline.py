@@ -80,7 +80,8 @@ class Decode(Stage):
 
     def run(self, x, *, static, carry):
         assert x.start == carry + 1, "decode sees one unbroken sequence"
-        frames = np.zeros((len(x.values), 2, 2, 3), np.uint8) + (np.asarray(x.values) % 251).astype(np.uint8)[:, None, None, None]
+        frames = (np.zeros((len(x.values), 2, 2, 3), np.uint8)
+                  + (np.asarray(x.values) % 251).astype(np.uint8)[:, None, None, None])
         return Frames(start=x.start, frames=frames), x.end - 1
 
 
@@ -111,7 +112,8 @@ def make(chunk=10, trans=4, ctx=2):
                     fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04)
 
 
-@pytest.mark.parametrize("total,chunk,trans", [(1, 10, 4), (10, 10, 4), (11, 10, 4), (95, 10, 4), (95, 10, 0), (333, 16, 7)])
+@pytest.mark.parametrize("total,chunk,trans",
+                         [(1, 10, 4), (10, 10, 4), (11, 10, 4), (95, 10, 4), (95, 10, 0), (333, 16, 7)])
 def test_stream_publishes_each_frame_once_in_order(total, chunk, trans):
     pipe = make(chunk, trans)
     pubs = list(pipe.stream(Static(1), FakeAudio(total), seed=0))
@@ -196,7 +198,8 @@ def test_prepare_loads_each_module_then_puts_it_on_its_device():
 def make_lead(chunk=10, trans=4, ctx=2, *, first=0, lead=0, overlap=False):
     return Pipeline(init=Init(), generate=(Gen(),), decode=Decode(), sizes=ChunkSizes(chunk, ctx, trans, lead, first),
                     fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04, overlap_decode=overlap,
-                    lead=(lambda static: Ramp(start=0, end=lead, values=np.arange(lead, dtype=np.float64) + 0.25)) if lead else None)
+                    lead=(lambda static: Ramp(start=0, end=lead, values=np.arange(lead, dtype=np.float64) + 0.25))
+                    if lead else None)
 
 
 @pytest.mark.parametrize("total", [1, 3, 9, 40, 95])
@@ -254,7 +257,9 @@ def test_resume_from_every_checkpoint_with_a_lead_and_a_short_first_chunk():
     assert [s for s, _ in pubs][:2] == [0, 1]
 
 
-@pytest.mark.parametrize("error,kind", [(ValueError("bad shape"), StageFailed), (AvatarRenderError("Out of disk."), AvatarRenderError)])
+@pytest.mark.parametrize("error,kind",
+                         [(ValueError("bad shape"), StageFailed),
+                          (AvatarRenderError("Out of disk."), AvatarRenderError)])
 def test_a_failing_stage_is_named_with_its_chunk(error, kind):
     class Failing(Decode):
         def run(self, x, *, static, carry):
@@ -266,5 +271,6 @@ def test_a_failing_stage_is_named_with_its_chunk(error, kind):
                     fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04)
     with pytest.raises(kind) as raised:
         list(pipe.stream(Static(1), FakeAudio(95), seed=0))
-    assert "stage decode" in str(raised.value) and "chunk I1" in str(raised.value), str(raised.value)  # I1 publishes frames 18-22
+    # I1 publishes frames 18-22
+    assert "stage decode" in str(raised.value) and "chunk I1" in str(raised.value), str(raised.value)
     assert str(error).rstrip(".") in str(raised.value)

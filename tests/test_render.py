@@ -101,7 +101,8 @@ def mouth_box(ref: Path, width: int, height: int):
     from avatar_render.preview.engine import build_preview
 
     cfg = load_config(None, (f"video.width={width}", f"video.height={height}"))
-    static = build_preview(cfg).prepare(RequestInput(reference=load_reference(ref), reference_path=ref, width=width, height=height, seed=0))
+    static = build_preview(cfg).prepare(RequestInput(reference=load_reference(ref), reference_path=ref, width=width,
+                                                     height=height, seed=0))
     assert static.face_detected
     return static.rig.mesh.layout(detected=True).mouth
 

@@ -36,7 +36,8 @@ from avatar_render.preview.motion import MotionCarry
 from tests.media import speech_like, write_audio
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ("video.width=96", "video.height=96", "chunk.chunk_frames=8", "chunk.transition_frames=2", "video.gop_seconds=0.3")
+SMALL = ("video.width=96", "video.height=96", "chunk.chunk_frames=8", "chunk.transition_frames=2",
+         "video.gop_seconds=0.3")
 SECONDS = 3.0
 
 # Runs the CLI with the preview's decode stage patched to send this process a signal (argv[2]) at
@@ -86,7 +87,8 @@ def cli(*args, cwd: Path) -> subprocess.CompletedProcess:
 
 def driver(at: list[int] | str, sig: int, *args, cwd: Path, delay: float = 0.0) -> subprocess.CompletedProcess:
     argv = [at if isinstance(at, str) else ",".join(map(str, at)), str(int(sig)), str(delay), *map(str, args)]
-    return subprocess.run([sys.executable, "-c", DRIVER, *argv], capture_output=True, text=True, cwd=cwd, env=env(), timeout=120)
+    return subprocess.run([sys.executable, "-c", DRIVER, *argv], capture_output=True, text=True, cwd=cwd, env=env(),
+                          timeout=120)
 
 
 def render_args(face: Path, audio: Path, out: str, *extra) -> tuple:
@@ -95,7 +97,8 @@ def render_args(face: Path, audio: Path, out: str, *extra) -> tuple:
 
 def chunk_hashes(report: Path) -> list[tuple]:
     """(start, end, frames_sha256, audio_sha256) of every published chunk in a JSON report."""
-    return [(c["start"], c["end"], c["frames_sha256"], c["audio_sha256"]) for c in json.loads(report.read_text())["chunks"]]
+    return [(c["start"], c["end"], c["frames_sha256"], c["audio_sha256"])
+            for c in json.loads(report.read_text())["chunks"]]
 
 
 def decode(path: Path) -> tuple[int, np.ndarray]:
@@ -166,9 +169,11 @@ def test_state_round_trip_through_safetensors(tmp_path):
     write_safetensors(tmp_path / "s.safetensors", flat.arrays, {"skeleton": json.dumps(flat.skeleton)})
     arrays, meta = read_safetensors(tmp_path / "s.safetensors")
     back = unflatten(Flat(arrays=arrays, skeleton=json.loads(meta["skeleton"])))
-    assert type(back) is Outer and back.rate == tree.rate and back.table[3] == tree.table[3] and back.table[(1, 2)] == [None]
+    assert (type(back) is Outer and back.rate == tree.rate and back.table[3] == tree.table[3]
+            and back.table[(1, 2)] == [None])
     assert back.inner.a.dtype == np.int16 and np.array_equal(back.inner.a, tree.inner.a) and back.inner.b == -0.1
-    assert back.items[:4] == (1, 2.5, True, "x") and back.items[4] == np.float32(1.25) and back.items[4].dtype == np.float32
+    assert (back.items[:4] == (1, 2.5, True, "x") and back.items[4] == np.float32(1.25)
+            and back.items[4].dtype == np.float32)
     assert back.items[5].shape == (0, 3) and back.items[6] == float("inf")
     assert np.array_equal(back.names[1]["k"], np.ones(2))
     st = pytest.importorskip("safetensors.numpy")  # the file is a standard safetensors file
@@ -214,8 +219,10 @@ def chunk_loop(cfg, pipe, face: Path, audio_path: Path):
 
 @pytest.mark.parametrize("transition", [0, 4])
 def test_chunk_loop_resumes_exactly_from_every_checkpoint(tmp_path, face_png, transition):
-    cfg = load_config(None, ("video.width=32", "video.height=32", "chunk.chunk_frames=10", f"chunk.transition_frames={transition}"))
-    run = chunk_loop(cfg, build_preview(cfg), face_png, write_audio(tmp_path / "a.wav", speech_like(3.3, 16000, seed=1), 16000))
+    cfg = load_config(None, ("video.width=32", "video.height=32", "chunk.chunk_frames=10",
+                             f"chunk.transition_frames={transition}"))
+    run = chunk_loop(cfg, build_preview(cfg), face_png,
+                     write_audio(tmp_path / "a.wav", speech_like(3.3, 16000, seed=1), 16000))
     full = run()
     checkpoints = [i for i, item in enumerate(full) if isinstance(item, Checkpoint)]
     assert len(checkpoints) == full[-1].plans_done > 3
@@ -228,7 +235,8 @@ def test_chunk_loop_resumes_exactly_from_every_checkpoint(tmp_path, face_png, tr
         for got, want in zip(rest, expected):
             assert type(got) is type(want)
             if isinstance(want, Published):
-                assert got.start == want.start and np.array_equal(got.frames, want.frames) and np.array_equal(got.audio, want.audio)
+                assert got.start == want.start and np.array_equal(got.frames, want.frames) and np.array_equal(
+                    got.audio, want.audio)
             else:
                 assert got.plans_done == want.plans_done and got.last_plan == want.last_plan
 
@@ -240,7 +248,8 @@ def test_fast_forward_keeps_the_audio_a_resumed_loop_reads(tmp_path, face_png):
     cfg = load_config(None, ("video.width=32", "video.height=32", "chunk.chunk_frames=10", "chunk.transition_frames=4"))
     pipe = dataclasses.replace(build_preview(cfg), audio_pad_s=3.0)
     audio_path = write_audio(tmp_path / "a.wav", speech_like(16.0, 16000, seed=2), 16000)
-    static = pipe.prepare(RequestInput(reference=load_reference(face_png), reference_path=face_png, width=32, height=32, seed=0))
+    static = pipe.prepare(RequestInput(reference=load_reference(face_png), reference_path=face_png, width=32, height=32,
+                                       seed=0))
     with AudioReader(audio_path, fps=cfg.fps, model_rate=pipe.audio_rate) as audio:
         full = list(pipe.stream(static, audio, seed=0, checkpoints=True))
     i = next(i for i, item in enumerate(full) if isinstance(item, Checkpoint) and item.last_plan.start >= 300)
@@ -282,7 +291,8 @@ def test_sigkill_at_random_chunks_then_resume(work, face_png):
 def test_killed_twice_then_resumed(work, face_png):
     d, audio, hashes, _ = work
     first, second = sorted(random.Random(7).sample(range(3, len(hashes) // 2), 2))
-    assert driver([first], signal.SIGKILL, *render_args(face_png, audio, "twice.mp4"), cwd=d).returncode == -signal.SIGKILL
+    assert (driver([first], signal.SIGKILL, *render_args(face_png, audio, "twice.mp4"), cwd=d).returncode
+            == -signal.SIGKILL)
     again = driver([second], signal.SIGKILL, *render_args(face_png, audio, "twice.mp4", "--resume"), cwd=d)
     assert again.returncode == -signal.SIGKILL
     done = cli(*render_args(face_png, audio, "twice.mp4", "--resume", "--report", "twice.json"), cwd=d)
@@ -293,7 +303,8 @@ def test_killed_twice_then_resumed(work, face_png):
 def test_full_disk_ends_cleanly_and_resumes(work, face_png):
     d, audio, hashes, (frames, _) = work
     limit = (d / "ref.mp4").stat().st_size // 2
-    full = subprocess.run([sys.executable, "-c", FSIZE, str(limit), *map(str, render_args(face_png, audio, "disk.mp4"))],
+    full = subprocess.run([sys.executable, "-c", FSIZE, str(limit),
+                           *map(str, render_args(face_png, audio, "disk.mp4"))],
                           capture_output=True, text=True, cwd=d, env=env(), timeout=120)
     assert full.returncode == 1
     line = one_error_line(full)
@@ -376,7 +387,8 @@ def test_resume_refuses_other_inputs_or_config(work, face_png, tmp_path):
     # the result is the uninterrupted one.
     moved = tmp_path / "moved.wav"
     moved.write_bytes(Path(audio).read_bytes())
-    report, _ = api_render(tmp_path, face_png, moved, "o.mp4", "run.queue_chunks=2", resume=True, report=tmp_path / "o.json")
+    report, _ = api_render(tmp_path, face_png, moved, "o.mp4", "run.queue_chunks=2", resume=True,
+                           report=tmp_path / "o.json")
     assert report.resumed_frames == frames and chunk_hashes(tmp_path / "o.json") == hashes
 
 
@@ -408,7 +420,8 @@ def test_journal_is_cheap_and_small(work, face_png, tmp_path):
     _, audio, _, _ = work
     interrupted(tmp_path, face_png, audio, "c.mp4")
     files = {p.name: p.stat().st_size for p in journal_path(tmp_path / "c.mp4").iterdir()}
-    assert set(files) == {"journal.json", "chunks.jsonl", "lock", ".avatar-render-journal", next(n for n in files if n.startswith("state-"))}
+    assert set(files) == {"journal.json", "chunks.jsonl", "lock", ".avatar-render-journal",
+                          next(n for n in files if n.startswith("state-"))}
     assert sum(files.values()) < 16_000  # identity, one line per chunk and the preview's small state
 
 
@@ -429,7 +442,8 @@ def test_diffusion_loop_resumes_exactly_and_checkpoints_hold_latents_not_the_dec
     short first chunk (frame 0 published before it) and the decode beside the next chunk's sampling.
     Checkpoints keep neither the decoder's cache nor the cross-attention keys and values."""
     cfg = load_config(ROOT / "configs" / "tiny.yaml", ("model.steps=1", *more))
-    run = chunk_loop(cfg, build_pipeline(cfg, single()), face_png, write_audio(tmp_path / "a.wav", speech_like(8.0, 16000, seed=5), 16000))
+    run = chunk_loop(cfg, build_pipeline(cfg, single()), face_png,
+                     write_audio(tmp_path / "a.wav", speech_like(8.0, 16000, seed=5), 16000))
     full = run()
     checkpoints = [i for i, item in enumerate(full) if isinstance(item, Checkpoint)]
     for i in (checkpoints[1], checkpoints[-2]):

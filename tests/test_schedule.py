@@ -28,7 +28,8 @@ CASES = [
     (total, chunk, trans, ctx)
     for total, (chunk, trans, ctx) in itertools.product(
         [1, 2, 7, 32, 33, 34, 50, 65, 66, 67, 99, 100, 101, 149, 150, 151, 1000],
-        [(33, 0, 5), (33, 8, 5), (33, 31, 5), (50, 0, 1), (50, 7, 1), (50, 12, 0), (4, 2, 1), (3, 1, 1), (1, 0, 0), (81, 16, 9)],
+        [(33, 0, 5), (33, 8, 5), (33, 31, 5), (50, 0, 1), (50, 7, 1), (50, 12, 0), (4, 2, 1), (3, 1, 1), (1, 0, 0),
+         (81, 16, 9)],
     )
 ]
 
@@ -44,7 +45,8 @@ def first_fits(first, lead, trans):
 def test_every_frame_published_once_in_order(total, chunk, trans, ctx, lead, first):
     if not first_fits(first, lead, trans):
         pytest.skip("first chunk too short for this transition")
-    plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx, lead_frames=lead, first_frames=first)
+    plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx, lead_frames=lead,
+                    first_frames=first)
     assert simulate_publication(plan) == list(range(total))
     assert sum(e.last for e in plan) == 1 and plan[-1].last
 
@@ -55,7 +57,8 @@ def test_every_frame_published_once_in_order(total, chunk, trans, ctx, lead, fir
 def test_n_and_i_structure(total, chunk, trans, ctx, lead, first):
     if not first_fits(first, lead, trans):
         pytest.skip("first chunk too short for this transition")
-    plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx, lead_frames=lead, first_frames=first)
+    plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx, lead_frames=lead,
+                    first_frames=first)
     ns = [e for e in plan if e.kind == "N"]
     n0 = lead + (chunk if first is None else first)
     bounds = [0] + list(range(n0, total, chunk)) + [total]
@@ -92,7 +95,8 @@ def test_n_and_i_structure(total, chunk, trans, ctx, lead, first):
 
 def test_short_audio_is_one_n_chunk():
     (only,) = plan_for(10, chunk_frames=33, transition_frames=8)
-    assert (only.kind, only.start, only.end, only.publish_start, only.publish_end, only.last) == ("N", 0, 10, 0, 10, True)
+    assert (only.kind, only.start, only.end, only.publish_start, only.publish_end, only.last) == (
+        "N", 0, 10, 0, 10, True)
 
 
 def test_lead_frames_align_chunks_to_a_latent_grid():
@@ -136,6 +140,7 @@ def test_lookahead_is_at_most_one_chunk():
 
 
 def test_very_long_plan_is_lazy():
-    gen = iter_schedule(chunk_frames=33, transition_frames=8, context_frames=5, frames_upto=lambda n: n)  # endless input
+    # endless input
+    gen = iter_schedule(chunk_frames=33, transition_frames=8, context_frames=5, frames_upto=lambda n: n)
     first = list(itertools.islice(gen, 1000))  # N0 N1 I0 N2 I1 ... N500
     assert first[-1].kind == "N" and first[-1].index == 500

@@ -61,8 +61,8 @@ def test_second_ctrl_c_stops_at_once(work, face_png):
     assert done.returncode == 130
     lines = stderr_lines(done)
     frames = committed_frames(d, "twice.mp4")
-    assert lines[-1] == (f"Warning: Stopped at once: 'twice.partial.mp4' plays up to its last complete chunk; run the same "
-                         f"command with --resume to continue from frame {frames} ({frames / 25:.1f} s).")
+    assert lines[-1] == ("Warning: Stopped at once: 'twice.partial.mp4' plays up to its last complete chunk; run the "
+                         f"same command with --resume to continue from frame {frames} ({frames / 25:.1f} s).")
     in_file = decode(partial_path(d / "twice.mp4"))[0]  # readable to its last whole fragment
     assert frames <= in_file < plan_end(d / "ref.json", 6)
     resumed = cli(*render_args(face_png, audio, "twice.mp4", "--resume", "--report", "twice.json"), cwd=d)

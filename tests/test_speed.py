@@ -36,7 +36,8 @@ def render(face: Path, audio: Path, *overrides: str, telemetry: Telemetry | None
     """The tiny backend's chunk loop over ``audio``: every item it yields, up to FRAMES frames."""
     cfg = load_config(ROOT / "configs" / "tiny.yaml", overrides)
     pipe = build_pipeline(cfg, single())
-    static = pipe.prepare(RequestInput(reference=load_reference(face), reference_path=face, width=64, height=64, seed=0))
+    static = pipe.prepare(RequestInput(reference=load_reference(face), reference_path=face, width=64, height=64,
+                                       seed=0))
     items = []
     with AudioReader(audio, fps=cfg.fps, model_rate=pipe.audio_rate) as reader:
         for item in pipe.stream(static, reader, seed=0, checkpoints=True):

@@ -42,7 +42,8 @@ def test_vae2x_full_size_meta_model_matches_the_published_layout():
     want = json.loads((FIXTURES / "wan21_vae_upscale2x_keys.json").read_text())
     with torch.device("meta"):
         net = Upscale2xVae(vae2x_config("14b")).build()
-    got = {native: list(net.state_dict()[name].shape) for native, name in native_vae_table(net, vae2x_config("14b")).items()}
+    got = {native: list(net.state_dict()[name].shape)
+           for native, name in native_vae_table(net, vae2x_config("14b")).items()}
     assert len(want) == 194 and got == want
     assert want["decoder.head.2.weight"] == [12, 96, 3, 3, 3]  # the 2x head: 4 x 3 channels
     assert all(p.is_meta for p in net.parameters())
@@ -80,7 +81,8 @@ def test_pixel_shuffle_puts_each_pixels_twelve_values_into_a_2x2_block():
     assert y.shape == (1, 3, 3, 8, 10)
     for t in range(3):
         assert torch.equal(y[:, :, t], F.pixel_shuffle(x[:, :, t], 2))
-    assert torch.equal(y[0, 1, 2, 2 * 1 + 1, 2 * 3 + 0], x[0, 1 * 4 + 1 * 2 + 0, 2, 1, 3])  # channel c * 4 + dy * 2 + dx
+    # channel c * 4 + dy * 2 + dx
+    assert torch.equal(y[0, 1, 2, 2 * 1 + 1, 2 * 3 + 0], x[0, 1 * 4 + 1 * 2 + 0, 2, 1, 3])
 
 
 @pytest.mark.parametrize("split", [[1, 4], [2, 2, 1], [5]])
@@ -109,7 +111,8 @@ def test_vae2x_loads_both_published_layouts_from_the_download_folder(tmp_path, v
 def test_a_plain_wan_vae_is_refused_as_the_2x_decoder(tmp_path):
     write_vae(tmp_path / "plain", "wan")
     plain = tmp_path / "plain" / "Wan2.1_VAE.pth"
-    with pytest.raises(AvatarRenderError, match=r"decoder.head.2.weight' of shape \(3, 4, 3, 3, 3\) where .* needs \(12, 4, 3, 3, 3\)"):
+    with pytest.raises(AvatarRenderError,
+                       match=r"decoder.head.2.weight' of shape \(3, 4, 3, 3, 3\) where .* needs \(12, 4, 3, 3, 3\)"):
         Upscale2xVae(vae2x_config("tiny"), path=plain).load()
     write_vae(tmp_path / "plain", "diffusers")
     with pytest.raises(AvatarRenderError, match="emits 3 channels, not the 12"):
@@ -278,7 +281,8 @@ def test_swiftvr_folder_in_the_published_layout_loads_and_restores_the_same(tmp_
     loaded_reae = ReaeModule(reae_cfg, root=tmp_path / "SwiftVR", dtype=torch.float32)
     loaded_dit = SwiftDiTModule(dit_cfg, root=tmp_path / "SwiftVR", dtype=torch.float32)
     assert loaded_reae.missing_files() == [] and loaded_dit.missing_files() == []
-    assert [p.name for p in loaded_dit.weight_files()] == ["config.json", "diffusion_pytorch_model.safetensors", "prompt_embedding.safetensors"]
+    assert [p.name for p in loaded_dit.weight_files()] == ["config.json", "diffusion_pytorch_model.safetensors",
+                                                           "prompt_embedding.safetensors"]
     loaded_reae.load()
     loaded_dit.load()
     assert loaded_dit.config.window == dit_cfg.window and torch.equal(loaded_dit.prompt, source_dit.prompt)
@@ -306,5 +310,6 @@ def test_swiftvr_folder_errors_name_the_file(tmp_path):
     state = load_file(str(root / "reae.safetensors"))
     del state["decoder.22.bias"]
     save_file(state, str(root / "reae.safetensors"))
-    with pytest.raises(AvatarRenderError, match="lack 1 tensors the SwiftVR autoencoder .ReAE. needs: 'decoder.22.bias'"):
+    with pytest.raises(AvatarRenderError,
+                       match="lack 1 tensors the SwiftVR autoencoder .ReAE. needs: 'decoder.22.bias'"):
         ReaeModule(reae_cfg, root=root, dtype=torch.float32).load()

@@ -57,7 +57,8 @@ def speech(tmp_path_factory) -> Path:
 ])
 def test_tiny_sr_render_writes_the_output_size_and_times_an_sr_stage(tmp_path, face_png, speech, overrides, stages):
     out, report = tmp_path / "o.mp4", tmp_path / "r.json"
-    rep = render(RenderRequest(reference=face_png, audio=speech, output=out, config=sr_config(*overrides), report=report))
+    rep = render(RenderRequest(reference=face_png, audio=speech, output=out, config=sr_config(*overrides),
+                               report=report))
     assert video_info(out) == (math.ceil(1.5 * 25), 128, 128) and (rep.width, rep.height) == (128, 128)
     timed = json.loads(report.read_text())["stage_s"]
     assert stages <= set(timed) and timed["sr"] > 0
@@ -66,8 +67,10 @@ def test_tiny_sr_render_writes_the_output_size_and_times_an_sr_stage(tmp_path, f
 
 def test_the_generation_size_and_the_output_size_are_separate_settings():
     assert sr_config().gen_size == (64, 64)
-    assert load_config(None, ("backend=infinitetalk", "model.sr=swiftvr", "video.width=1280", "video.height=720")).gen_size == (640, 352)
-    assert load_config(None, ("backend=infinitetalk", "model.sr=vae2x", "video.width=1920", "video.height=1080")).gen_size == (960, 528)
+    assert load_config(None, ("backend=infinitetalk", "model.sr=swiftvr", "video.width=1280",
+                              "video.height=720")).gen_size == (640, 352)
+    assert load_config(None, ("backend=infinitetalk", "model.sr=vae2x", "video.width=1920",
+                              "video.height=1080")).gen_size == (960, 528)
     assert load_config(None, ("backend=infinitetalk", "video.width=640", "video.height=352")).gen_size == (640, 352)
     for bad, key in [(("model.gen_width=100", "model.gen_height=64"), "model.gen_width"),
                      (("model.gen_width=0",), "model.gen_width"),
@@ -88,10 +91,12 @@ def test_sr_weights_come_from_local_folders_when_the_model_does(tmp_path):
 def test_sr_stages_read_their_published_folders(tmp_path, face_png, speech):
     write_swiftvr(tmp_path / "SwiftVR")
     write_vae2x(tmp_path / "Wan2.1-VAE-upscale2x", "diffusers")
-    cfg = sr_config(f"model.sr_root={tmp_path / 'SwiftVR'}", "model.sr_fidelity=vae2x", f"model.vae2x={tmp_path / 'Wan2.1-VAE-upscale2x'}")
+    cfg = sr_config(f"model.sr_root={tmp_path / 'SwiftVR'}", "model.sr_fidelity=vae2x",
+                    f"model.vae2x={tmp_path / 'Wan2.1-VAE-upscale2x'}")
     pipe = build_pipeline(cfg)
     files = {p.name for m in pipe.decode.modules() for p in m.weight_files()}
-    assert files == {"reae.safetensors", "prompt_embedding.safetensors", "config.json", "diffusion_pytorch_model.safetensors"}
+    assert files == {"reae.safetensors", "prompt_embedding.safetensors", "config.json",
+                     "diffusion_pytorch_model.safetensors"}
     rep = render(RenderRequest(reference=face_png, audio=speech, output=tmp_path / "o.mp4", config=cfg))
     assert (rep.frames, rep.width) == (38, 128)
 
@@ -113,7 +118,8 @@ def chunk_loop(cfg, pipe, face: Path, audio_path: Path):
 @pytest.mark.slow
 def test_sr_loop_resumes_exactly_across_chunks_and_seams(tmp_path, face_png):
     cfg = sr_config("chunk.transition_frames=8")
-    run = chunk_loop(cfg, build_pipeline(cfg), face_png, write_audio(tmp_path / "a.wav", speech_like(3.0, 16000, seed=2), 16000))
+    run = chunk_loop(cfg, build_pipeline(cfg), face_png,
+                     write_audio(tmp_path / "a.wav", speech_like(3.0, 16000, seed=2), 16000))
     full = run()
     checkpoints = [i for i, item in enumerate(full) if isinstance(item, Checkpoint)]
     assert {p.plan.kind for p in full if isinstance(p, Published)} == {"N", "I"}
@@ -132,7 +138,8 @@ def test_long_sr_render_runs_in_constant_memory(tmp_path, face_png):
     """10 s through the tiny SR backend: what a checkpoint keeps stops growing once the SR's windows
     are full, and the process's memory does not follow the number of frames rendered."""
     cfg = sr_config()
-    run = chunk_loop(cfg, build_pipeline(cfg), face_png, write_audio(tmp_path / "a.wav", speech_like(10.0, 16000, seed=3), 16000))
+    run = chunk_loop(cfg, build_pipeline(cfg), face_png,
+                     write_audio(tmp_path / "a.wav", speech_like(10.0, 16000, seed=3), 16000))
     sizes, frames = [], 0
     for item in run():
         if isinstance(item, Checkpoint):
@@ -144,7 +151,8 @@ def test_long_sr_render_runs_in_constant_memory(tmp_path, face_png):
     # the last, shorter chunk leaves at most 3 low-res frames waiting for their group.
     assert len(set(sizes[9:-1])) == 1 and sizes[8] < sizes[9] and sizes[-1] <= sizes[9] + 3 * 64 * 64 * 3
     rep = tmp_path / "r.json"
-    render(RenderRequest(reference=face_png, audio=tmp_path / "a.wav", output=tmp_path / "o.mp4", config=cfg, report=rep))
+    render(RenderRequest(reference=face_png, audio=tmp_path / "a.wav", output=tmp_path / "o.mp4", config=cfg,
+                         report=rep))
     rss = [c["rss_mb"] for c in json.loads(rep.read_text())["chunks"]]
     # 250 frames at 128x128 held as float32 would be 49 MB; the SR state is a few hundred kB.
     assert max(rss[4:]) - rss[4] < 25, rss
@@ -158,7 +166,8 @@ def guarded(face_png):
     """The tiny SR pipeline's static conditioning and its SR stage (no fallback, so the blend shows)."""
     cfg = sr_config("model.sr_identity_drop=2")
     pipe = build_pipeline(cfg)
-    static = pipe.prepare(RequestInput(reference=load_reference(face_png), reference_path=face_png, width=128, height=128, seed=0))
+    static = pipe.prepare(RequestInput(reference=load_reference(face_png), reference_path=face_png, width=128,
+                                       height=128, seed=0))
     chain = pipe.decode
     assert isinstance(chain, StageChain)
     return static, chain.stages[-1]
@@ -236,7 +245,8 @@ def test_doctor_lists_the_sr_files_and_says_which_path_is_unset(tmp_path):
     write_swiftvr(tmp_path / "SwiftVR")
     (tmp_path / "base").mkdir()
     checks = diagnose(sr_config(f"model.root={tmp_path / 'base'}", f"model.sr_root={tmp_path / 'SwiftVR'}"))
-    rows = {(c.name, c.detail.split(": ", 1)[1]) for c in checks if c.group == "model files" and c.name.startswith("sr_")}
+    rows = {(c.name, c.detail.split(": ", 1)[1]) for c in checks if c.group == "model files"
+            and c.name.startswith("sr_")}
     assert rows == {("sr_reae", str(tmp_path / "SwiftVR" / "reae.safetensors")),
                     ("sr_dit", str(tmp_path / "SwiftVR" / "transformer" / "config.json")),
                     ("sr_dit", str(tmp_path / "SwiftVR" / "transformer" / "diffusion_pytorch_model.safetensors")),
@@ -256,7 +266,9 @@ def test_sr_dit_streamed_from_host_memory_gives_the_resident_frames(tmp_path, fa
         frames[mode] = [p.frames for p in chunk_loop(cfg, pipe, face_png, audio)() if isinstance(p, Published)]
         dit = pipe.decode.stages[-1].stream.dit
         assert (dit.streamer is not None) == (mode == "offloaded")
-    assert len(frames["resident"]) == 3 and all(np.array_equal(a, b) for a, b in zip(frames["resident"], frames["offloaded"]))  # frame 0 alone (before N0 is sampled), the rest of N0, N1
+    # frame 0 alone (before N0 is sampled), the rest of N0, N1
+    assert len(frames["resident"]) == 3 and all(np.array_equal(a, b)
+                                                for a, b in zip(frames["resident"], frames["offloaded"]))
 
 
 @pytest.mark.slow
@@ -268,7 +280,8 @@ def test_two_processes_render_the_single_process_sr_frames(tmp_path):
     if not Path(TORCHRUN).exists():
         pytest.skip("torchrun is not installed")
     audio = write_audio(tmp_path / "s.wav", speech_like(1.0, 16000), 16000)
-    sr = ("model.steps=1", "model.sr=swiftvr", "video.width=128", "video.height=128", "model.gen_width=64", "model.gen_height=64")
+    sr = ("model.steps=1", "model.sr=swiftvr", "video.width=128", "video.height=128", "model.gen_width=64",
+          "model.gen_height=64")
     import subprocess
     import sys
 

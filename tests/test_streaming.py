@@ -41,7 +41,8 @@ def test_streamed_blocks_give_the_resident_output_and_hold_only_the_next_blocks(
         streamer = BlockStreamer(net.blocks, torch.device("cpu"), ahead=1)
         seen = []
         hook = net.blocks[1].register_forward_pre_hook(
-            lambda m, a: seen.append(all(p.data_ptr() not in {h.data_ptr() for h in streamer.host[1]} for p in m.parameters()))
+            lambda m, a: seen.append(all(p.data_ptr() not in {h.data_ptr() for h in streamer.host[1]}
+                                         for p in m.parameters()))
         )
         got = net(*inputs)
         again = net(*inputs)
@@ -77,8 +78,10 @@ def test_offloaded_dit_renders_the_resident_frames(tmp_path, face_png):
     audio = write_audio(tmp_path / "s.wav", speech_like(1.0, 16000), 16000)
     hashes = {}
     for policy in ("resident", "offloaded"):
-        cfg = load_config(ROOT / "configs" / "tiny.yaml", ("model.steps=2", "video.crf=0", f"dist.offload.dit={policy}"))
+        cfg = load_config(ROOT / "configs" / "tiny.yaml",
+                          ("model.steps=2", "video.crf=0", f"dist.offload.dit={policy}"))
         report = tmp_path / f"{policy}.json"
-        render(RenderRequest(reference=face_png, audio=audio, output=tmp_path / f"{policy}.mp4", config=cfg, report=report))
+        render(RenderRequest(reference=face_png, audio=audio, output=tmp_path / f"{policy}.mp4", config=cfg,
+                             report=report))
         hashes[policy] = [c["frames_sha256"] for c in json.loads(report.read_text())["chunks"]]
     assert hashes["offloaded"] == hashes["resident"]

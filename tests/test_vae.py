@@ -165,7 +165,8 @@ def test_wrong_shape_unexpected_and_missing_keys(tmp_path) -> None:
     write_vae(tmp_path, "wan")
     path = tmp_path / NATIVE_FILE
     _rewrite(path, lambda s: s.__setitem__("decoder.head.2.bias", torch.zeros(5)))
-    with pytest.raises(AvatarRenderError, match=r"'decoder\.head\.2\.bias' of shape \(5\) where the Wan2.1 VAE needs \(3\)"):
+    with pytest.raises(AvatarRenderError,
+                       match=r"'decoder\.head\.2\.bias' of shape \(5\) where the Wan2.1 VAE needs \(3\)"):
         WanVae(VaeConfig.tiny(), path=tmp_path).load()
     _rewrite(path, lambda s: s.__setitem__("decoder.head.2.bias", torch.zeros(3)))
     _rewrite(path, lambda s: s.__setitem__("decoder.extra.weight", torch.zeros(1)))
@@ -244,7 +245,8 @@ def test_strips_decoded_apart_make_the_whole_frame(vae: WanVae, parts: int, monk
     """A decode split into strips of latent rows (each with its own causal cache, as each process of
     a split decode keeps) gives the whole decode, latent after latent: the same values up to float32
     rounding (convolutions over inputs of other sizes add in another order). Frames are in [-1, 1]."""
-    z = torch.randn(1, 16, 6, 40, 3, generator=torch.Generator().manual_seed(6))  # middle strips: 13-row halo both sides
+    # middle strips: 13-row halo both sides
+    z = torch.randn(1, 16, 6, 40, 3, generator=torch.Generator().manual_seed(6))
     whole, _ = _stream(vae, z, [1, 3, 2])
     got = _strips(vae, z, parts)
     assert got.shape == whole.shape

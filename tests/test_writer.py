@@ -294,7 +294,8 @@ def test_resume_cuts_back_to_a_mark_and_appends(tmp_path: Path, cut: int) -> Non
     whole = tmp_path / "whole.mp4"
     positions = _write_marked(whole, sizes)
     assert [p.frames for p in positions] == np.cumsum(sizes).tolist()
-    assert [p.sequence for p in positions] == list(range(1, len(sizes) + 1)) and positions[-1].bytes < whole.stat().st_size
+    assert ([p.sequence for p in positions] == list(range(1, len(sizes) + 1))
+            and positions[-1].bytes < whole.stat().st_size)
 
     # The file of a render killed later than mark `cut`: everything, plus a torn fragment at the end.
     killed = tmp_path / "killed.mp4"
@@ -308,7 +309,8 @@ def test_resume_cuts_back_to_a_mark_and_appends(tmp_path: Path, cut: int) -> Non
     final = tmp_path / "final.mp4"
     remux_faststart(killed, final)
     keys, rate, audio_end, _ = _contents(final)
-    assert len(keys) == sum(sizes) and (cut == len(sizes) or keys[sum(sizes[:cut])])  # appended video starts with a keyframe
+    # appended video starts with a keyframe
+    assert len(keys) == sum(sizes) and (cut == len(sizes) or keys[sum(sizes[:cut])])
     assert abs(audio_end - all_audio.shape[1] / 16000) < 1 / 25
     expected, got = _decoded_audio(whole), _decoded_audio(final)
     assert got.shape == expected.shape

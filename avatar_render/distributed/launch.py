@@ -150,9 +150,11 @@ def session(launch: Optional[Launch] = None, *, sp: int = 1, device: str = "auto
     control = None
     try:
         where, backend = pick_device(launch, device)
-        pinned = pin_near(gpu_bus_id(where.index)) if where.type == "cuda" else Affinity(None, why="the models run on the CPU (gloo)")
+        pinned = (pin_near(gpu_bus_id(where.index)) if where.type == "cuda"
+                  else Affinity(None, why="the models run on the CPU (gloo)"))
         dist.init_process_group(backend, store=dist.PrefixStore("avatar_render/pg", store), timeout=COLLECTIVE_TIMEOUT,
-                                rank=launch.rank, world_size=launch.world, device_id=where if backend == "nccl" else None)
+                                rank=launch.rank, world_size=launch.world,
+                                device_id=where if backend == "nccl" else None)
         control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
         everyone: list = [None] * launch.world
         dist.all_gather_object(everyone, pinned, group=control)
@@ -192,7 +194,8 @@ def agree(mesh: Mesh, what: str, value: object) -> None:
     dist.all_gather_object(seen, mine, group=mesh.control)
     if len(set(seen)) > 1:
         odd = [r for r, h in enumerate(seen) if h != seen[0]]
-        raise AvatarRenderError(f"The processes disagree on the {what} (process {odd[0]} differs from process 0); start them all with the same command.")
+        raise AvatarRenderError(f"The processes disagree on the {what} (process {odd[0]} differs from process 0); "
+                                "start them all with the same command.")
 
 
 def broadcast(mesh: Mesh, value: object) -> object:

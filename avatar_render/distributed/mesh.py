@@ -45,7 +45,8 @@ class Launch:
             port = int(env.get("MASTER_PORT", "29500"))
             restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
         except ValueError:
-            raise AvatarRenderError("WORLD_SIZE, RANK, LOCAL_RANK and MASTER_PORT must be integers (set them with torchrun).") from None
+            raise AvatarRenderError(
+                "WORLD_SIZE, RANK, LOCAL_RANK and MASTER_PORT must be integers (set them with torchrun).") from None
         if world < 1 or not 0 <= rank < world:
             raise AvatarRenderError(f"RANK={rank} does not fit WORLD_SIZE={world}; start the processes with torchrun.")
         return Launch(rank=rank, world=world, local_rank=local, master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
@@ -56,7 +57,8 @@ class Launch:
 class Mesh:
     rank: int
     world: int
-    device: Optional["torch.device"]  # where this process computes; None when it runs alone (the models' setting decides)
+    # where this process computes; None when it runs alone (the models' setting decides)
+    device: Optional["torch.device"]
     backend: str  # "gloo" | "nccl" | "none"
     sp: int = 1
     affinity: str = ""  # one log line: where each process's CPU affinity was set (dist.numa)
@@ -103,7 +105,8 @@ def require_cuda(want: str) -> None:
     import torch
 
     if want.startswith("cuda") and not torch.cuda.is_available():
-        raise AvatarRenderError(f"model.device={want} was asked for, but no CUDA device is visible; use model.device=cpu.")
+        raise AvatarRenderError(
+            f"model.device={want} was asked for, but no CUDA device is visible; use model.device=cpu.")
 
 
 def pick_device(launch: Launch, want: str = "auto") -> tuple["torch.device", str]:
@@ -115,8 +118,8 @@ def pick_device(launch: Launch, want: str = "auto") -> tuple["torch.device", str
     if want != "cpu" and torch.cuda.is_available():
         if launch.local_rank >= torch.cuda.device_count():
             raise AvatarRenderError(
-                f"Process {launch.rank} wants GPU {launch.local_rank}, but only {torch.cuda.device_count()} are visible; "
-                "start at most one process per GPU."
+                f"Process {launch.rank} wants GPU {launch.local_rank}, but only {torch.cuda.device_count()} are "
+                "visible; start at most one process per GPU."
             )
         torch.cuda.set_device(launch.local_rank)
         return torch.device("cuda", launch.local_rank), "nccl"

@@ -76,6 +76,7 @@ def describe(affinities: list[Affinity]) -> str:
     if all(a.node is None for a in affinities):
         reasons = sorted({a.why for a in affinities})
         return "CPU affinity left as it is: " + "; ".join(reasons) + "."
-    parts = [f"process {r} on NUMA node {a.node} ({len(a.cpus)} CPUs)" if a.node is not None else f"process {r} unpinned ({a.why})"
+    parts = [f"process {r} on NUMA node {a.node} ({len(a.cpus)} CPUs)" if a.node is not None
+             else f"process {r} unpinned ({a.why})"
              for r, a in enumerate(affinities)]
     return "CPU affinity: " + ", ".join(parts) + "."

@@ -119,6 +119,7 @@ def apply_sequence_parallel(model: nn.Module, plan, group, *, heads: int) -> Non
     for block in model.blocks:
         for a in plan.attention:
             if a.q != "tokens":
-                raise AvatarRenderError(f"The sequence-parallel plan's {a.module} takes q as {a.q!r}, which is not supported.")
+                raise AvatarRenderError(
+                    f"The sequence-parallel plan's {a.module} takes q as {a.q!r}, which is not supported.")
             attn = block.get_submodule(a.module)
             attn.op = UlyssesOp(attn.op, kv=a.kv, group=group, tokens=tokens)

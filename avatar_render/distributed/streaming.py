@@ -56,7 +56,8 @@ class BlockStreamer:
             for owner, attr, param in slots:
                 t = _get(owner, attr, param).detach()
                 # One copy into the host memory it will live in (pinned where a GPU will read it).
-                tensors.append(torch.empty_like(t, device="cpu", pin_memory=self.cuda).copy_(t) if self.cuda else t.to("cpu"))
+                tensors.append(torch.empty_like(t, device="cpu", pin_memory=self.cuda).copy_(t) if self.cuda
+                               else t.to("cpu"))
                 _set(owner, attr, param, tensors[-1])
             self.host.append(tensors)
         if self.cuda:

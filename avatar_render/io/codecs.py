@@ -27,7 +27,8 @@ def remux_faststart(src: Path, dst: Path) -> None:
     src, dst = Path(src), Path(dst)
     part = dst.with_name(dst.stem + ".remux" + dst.suffix)
     try:
-        with av.open(str(src)) as source, av.open(str(part), "w", format="mp4", options={"movflags": "faststart"}) as out:
+        with av.open(str(src)) as source, av.open(str(part), "w", format="mp4",
+                                                  options={"movflags": "faststart"}) as out:
             streams = {s.index: out.add_stream_from_template(s) for s in source.streams}
             for packet in source.demux():
                 if packet.dts is None:  # the demuxer's end-of-stream marker

@@ -99,7 +99,8 @@ class ChunkEncoder:
         float32 is the input audio to encode again."""
         start = replay_from(self.audio_time)
         if replay.shape != (self.spec.audio_channels, self.samples - start):
-            raise ValueError(f"replay audio must be {(self.spec.audio_channels, self.samples - start)}, got {replay.shape}")
+            raise ValueError(
+                f"replay audio must be {(self.spec.audio_channels, self.samples - start)}, got {replay.shape}")
         replay = np.array(replay, dtype=np.float32, order="C")
         self._history.end = start
         self._history.add(replay)

@@ -50,7 +50,8 @@ class FileSink:
     def _cut_back(self, size: int, sequence: int) -> None:
         path, init = self.path, self.muxer.init_segment()
         if self.file.read(len(init)) != init:
-            raise AvatarRenderError(f"The partial video {shown(path)} was written with other encoder settings or versions.")
+            raise AvatarRenderError(
+                f"The partial video {shown(path)} was written with other encoder settings or versions.")
         try:
             if os.fstat(self.file.fileno()).st_size < size:
                 raise ValueError("it is shorter than the journal says")
@@ -58,7 +59,8 @@ class FileSink:
         except ValueError as exc:
             raise AvatarRenderError(f"The partial video {shown(path)} does not match its journal: {exc}.") from None
         if found != sequence:
-            raise AvatarRenderError(f"The partial video {shown(path)} does not match its journal: it ends at fragment {found}, not {sequence}.")
+            raise AvatarRenderError(f"The partial video {shown(path)} does not match its journal: it ends at fragment "
+                                    f"{found}, not {sequence}.")
         self.file.truncate(size)
         self.file.seek(size)
 

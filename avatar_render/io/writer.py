@@ -51,7 +51,8 @@ from avatar_render.io.fmp4 import MuxerState
 from avatar_render.io.sink import Sink
 from avatar_render.io.spec import WriterSpec
 
-__all__ = ["Mp4Writer", "WriterPosition", "WriterResume", "WriterSpec", "WriterStats", "remux_faststart", "replay_start"]
+__all__ = ["Mp4Writer", "WriterPosition", "WriterResume", "WriterSpec", "WriterStats", "remux_faststart",
+           "replay_start"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class WriterStats:
     frames: int
     audio_samples: int
     bytes: int  # of the file (0 without one)
-    first_frame_on_disk_s: Optional[float]  # time.perf_counter() when the first frame's fragment was handed to the sinks
+    # time.perf_counter() when the first frame's fragment was handed to the sinks
+    first_frame_on_disk_s: Optional[float]
     encode_seconds: float  # time the writer thread spent encoding+muxing
 
 
@@ -136,9 +138,11 @@ class Mp4Writer:
         self._encode_seconds = 0.0
         self._sinks: list[Sink] = []
 
-        self._file = None if spec.path is None else FileSink(spec, resume=(start.bytes, start.sequence) if resume else None)
+        self._file = None if spec.path is None else FileSink(spec,
+                                                             resume=(start.bytes, start.sequence) if resume else None)
         try:
-            self._encoder = ChunkEncoder(spec, frames=start.frames, samples=start.audio_samples, audio_time=start.audio_time)
+            self._encoder = ChunkEncoder(spec, frames=start.frames, samples=start.audio_samples,
+                                         audio_time=start.audio_time)
             state = MuxerState(start.sequence, start.video_time, start.audio_time)
             if self._file is not None:
                 self._file.open(self._encoder.tracks, state, first_frame=start.frames)
@@ -171,7 +175,8 @@ class Mp4Writer:
         The frames are not copied (hundreds of MB a chunk at 720p): leave them unchanged once put."""
         spec = self.spec
         if frames.ndim != 4 or frames.shape[1:] != (spec.height, spec.width, 3) or frames.dtype != np.uint8:
-            raise ValueError(f"frames must be uint8 (T, {spec.height}, {spec.width}, 3), got {frames.dtype} {frames.shape}")
+            raise ValueError(
+                f"frames must be uint8 (T, {spec.height}, {spec.width}, 3), got {frames.dtype} {frames.shape}")
         if audio.ndim != 2 or audio.shape[0] != spec.audio_channels:
             raise ValueError(f"audio must be ({spec.audio_channels}, n), got {audio.shape}")
         opens = self._next_opens
@@ -286,7 +291,8 @@ class Mp4Writer:
                         break
                     else:
                         start = time.perf_counter()
-                        self._send(self._encoder.encode(item.frames, item.audio, opens_gop=item.opens_gop, abort=self._abort))
+                        self._send(self._encoder.encode(item.frames, item.audio, opens_gop=item.opens_gop,
+                                                        abort=self._abort))
                         self._room.release()
                         self._encode_seconds += time.perf_counter() - start
             finally:

@@ -110,7 +110,8 @@ def identity(config: dict[str, Any], reference: Path, audio: Path) -> dict[str, 
         version = metadata.version("avatar-render")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    return {"version": version, "config": config, "reference": fingerprint(Path(reference)), "audio": fingerprint(Path(audio))}
+    return {"version": version, "config": config, "reference": fingerprint(Path(reference)),
+            "audio": fingerprint(Path(audio))}
 
 
 def snapshot(checkpoint: Checkpoint) -> Flat:
@@ -150,17 +151,20 @@ class Journal:
                 directory.mkdir()
                 create_new(directory / MARKER).close()
             except OSError as exc:
-                raise AvatarRenderError(f"Could not create the resume journal {shown(directory)}: {os_reason(exc)}.") from None
+                raise AvatarRenderError(
+                    f"Could not create the resume journal {shown(directory)}: {os_reason(exc)}.") from None
         check_ours(directory)
         try:
             fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | NO_FOLLOW, 0o644)
         except OSError as exc:
-            raise AvatarRenderError(f"Could not open the resume journal {shown(directory)}: {os_reason(exc)}.") from None
+            raise AvatarRenderError(
+                f"Could not open the resume journal {shown(directory)}: {os_reason(exc)}.") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise AvatarRenderError(f"Another avatar-render process is writing this output right now (its journal {shown(directory)} is locked).") from None
+            raise AvatarRenderError("Another avatar-render process is writing this output right now (its journal "
+                                    f"{shown(directory)} is locked).") from None
         return cls(directory, fd)
 
     @property
@@ -180,7 +184,8 @@ class Journal:
             self.meta = {"format": FORMAT, "identity": ident, "commit": None}
             _write_atomic(self.dir / "journal.json", json.dumps(self.meta, indent=1).encode())
         except OSError as exc:
-            raise AvatarRenderError(f"Could not write the resume journal {shown(self.dir)}: {os_reason(exc)}.") from None
+            raise AvatarRenderError(
+                f"Could not write the resume journal {shown(self.dir)}: {os_reason(exc)}.") from None
         self.damaged = None
 
     def mismatch(self, ident: dict[str, Any]) -> Optional[str]:
@@ -215,7 +220,8 @@ class Journal:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise AvatarRenderError(f"The resume journal {shown(self.dir)} is damaged ({exc}).") from None
         if not isinstance(checkpoint, Checkpoint) or len(records) != commit.chunks:
-            raise AvatarRenderError(f"The resume journal {shown(self.dir)} is damaged (it does not hold {commit.chunks} chunks and a checkpoint).")
+            raise AvatarRenderError(f"The resume journal {shown(self.dir)} is damaged (it does not hold "
+                                    f"{commit.chunks} chunks and a checkpoint).")
         return checkpoint, records
 
     def commit(self, flat: Flat, records: list[ChunkRecord], position: WriterPosition, *,
@@ -242,7 +248,8 @@ class Journal:
             if previous is not None and previous.state_file != state_file:
                 (self.dir / previous.state_file).unlink(missing_ok=True)
         except OSError as exc:
-            raise AvatarRenderError(f"Could not write the resume journal {shown(self.dir)}: {os_reason(exc)}.") from None
+            raise AvatarRenderError(
+                f"Could not write the resume journal {shown(self.dir)}: {os_reason(exc)}.") from None
 
     def discard(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -301,10 +308,12 @@ def check_ours(directory: Path) -> None:
     """Refuse a journal path that holds something this program did not make (a link, a file, a
     folder without the marker)."""
     if directory.is_symlink() or not directory.is_dir():
-        raise AvatarRenderError(f"{shown(directory)} is in the way of the render's resume journal and was not made by it; move it away.")
+        raise AvatarRenderError(
+            f"{shown(directory)} is in the way of the render's resume journal and was not made by it; move it away.")
     marker = directory / MARKER
     if marker.is_symlink() or not marker.is_file():
-        raise AvatarRenderError(f"The folder {shown(directory)} is in the way of the render's resume journal and was not made by it; move it away.")
+        raise AvatarRenderError(f"The folder {shown(directory)} is in the way of the render's resume journal and was "
+                                "not made by it; move it away.")
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:

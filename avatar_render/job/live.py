@@ -43,7 +43,8 @@ class Live:
             if not 0 <= value <= 24 * 3600:
                 raise AvatarRenderError(f"The {name} of {value:g} s must be between 0 s and a day.")
         if not 0 < opts.gop_seconds <= 3600:
-            raise AvatarRenderError(f"The live GOP length of {opts.gop_seconds:g} s must be positive and at most an hour.")
+            raise AvatarRenderError(
+                f"The live GOP length of {opts.gop_seconds:g} s must be positive and at most an hour.")
         if sum(t.kind == "stdout" for t in self.targets) > 1:
             raise AvatarRenderError("Standard output ('-') can be a live target only once.")
         hls = [t for t in self.targets if t.kind == "hls"]
@@ -82,7 +83,8 @@ class Live:
         gop = min(cfg.video.gop_seconds, self.options.gop_seconds)
         return 1e-6 if self.options.underrun == "hold" else gop
 
-    def make_sinks(self, spec: WriterSpec, *, first_frame: int, total_seconds: Callable[[], Optional[float]]) -> list[Sink]:
+    def make_sinks(self, spec: WriterSpec, *, first_frame: int,
+                   total_seconds: Callable[[], Optional[float]]) -> list[Sink]:
         opts = self.options
         pacing = Pacing(policy=opts.underrun, preroll_s=opts.preroll_s, buffer_s=opts.buffer_s, retry_s=opts.retry_s)
         chunk_s = float(self.cfg.chunk.chunk_frames / self.cfg.fps)
@@ -138,10 +140,12 @@ class Live:
                     "cpu_s": round(s.send_cpu_s, 3), "failed": None if sink.failed is None else str(sink.failed)}
             elif isinstance(sink, HlsSink):
                 out[sink.name] = {
-                    "first_segment_listed_s": None if sink.first_listed_at is None else round(sink.first_listed_at - t_ready, 3),
+                    "first_segment_listed_s": None if sink.first_listed_at is None
+                    else round(sink.first_listed_at - t_ready, 3),
                     "segments": len(sink.segments)}
         if self.server is not None and self.server.first_segment_request is not None:
-            out["server"] = {"url": self.server.url, "first_segment_served_s": round(self.server.first_segment_request - t_ready, 3)}
+            out["server"] = {"url": self.server.url,
+                             "first_segment_served_s": round(self.server.first_segment_request - t_ready, 3)}
         return out
 
     def close(self) -> None:
@@ -155,7 +159,8 @@ class Live:
     def _check_playlist(self, target: LiveTarget, request: RenderRequest) -> None:
         path = target.path
         if not path.parent.is_dir():
-            raise AvatarRenderError(f"Cannot write the playlist {shown(path)}: the folder '{path.parent}' does not exist.")
+            raise AvatarRenderError(
+                f"Cannot write the playlist {shown(path)}: the folder '{path.parent}' does not exist.")
         if path.is_symlink() or (path.exists() and not path.is_file()):
             raise AvatarRenderError(f"{shown(path)} is not a regular file; the render writes only files it makes.")
         if path.exists():

@@ -41,7 +41,8 @@ from avatar_render.telemetry import Telemetry, peak_gpu_mb, peak_rss_mb, write_r
 
 _HASHING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chunk-hash")  # the journal's frame hashes
 Point = tuple[Checkpoint, list[ChunkRecord]]  # where a resumed render goes on from, and the chunks before it
-Hashed = list[tuple[Future[ChunkRecord], dict]]  # chunks published since the last checkpoint: record (being hashed), telemetry stamp
+# chunks published since the last checkpoint: record (being hashed), telemetry stamp
+Hashed = list[tuple[Future[ChunkRecord], dict]]
 
 
 @dataclass
@@ -106,7 +107,8 @@ class ChunkLoop:
         gop = cfg.video.gop_seconds if self.live is None else self.live.gop_seconds(cfg)
         spec = WriterSpec(
             path=self.partial, width=cfg.video.width, height=cfg.video.height, fps=cfg.fps,
-            crf=cfg.video.crf, preset=cfg.video.preset, audio_rate=info.output_rate, audio_channels=info.output_channels,
+            crf=cfg.video.crf, preset=cfg.video.preset, audio_rate=info.output_rate,
+            audio_channels=info.output_channels,
             audio_bitrate=cfg.video.audio_bitrate, queue_chunks=cfg.run.queue_chunks, gop_seconds=gop,
         )
         try:
@@ -118,7 +120,8 @@ class ChunkLoop:
             try:
                 return Mp4Writer(spec, resume=WriterResume(position=prior.writer, replay=replay), sinks=sinks)
             except AvatarRenderError as exc:
-                raise AvatarRenderError(f"{str(exc).rstrip('.')}; start over with --force instead of --resume.") from None
+                raise AvatarRenderError(
+                    f"{str(exc).rstrip('.')}; start over with --force instead of --resume.") from None
         except BaseException:
             self._forget_if_empty()
             raise
@@ -130,7 +133,8 @@ class ChunkLoop:
         A checkpoint is committed only where the writer opens a GOP (fresh encoders), so that a render
         resumed from it writes the bytes of the uninterrupted one; a stop waits for the next of those."""
         hashed: Hashed = []
-        stream = self.job.pipeline.stream(self.job.static, self.job.audio, seed=self.cfg.seed, clock=self.telemetry.stage,
+        stream = self.job.pipeline.stream(self.job.static, self.job.audio, seed=self.cfg.seed,
+                                          clock=self.telemetry.stage,
                                           resume=checkpoint, checkpoints=True)
         for item in stream:
             if isinstance(item, Published):
@@ -158,11 +162,13 @@ class ChunkLoop:
             tally.first_frame_s = telemetry.elapsed() - self.t_ready
         tally.frames, tally.samples, tally.chunks = item.end, tally.samples + item.audio.shape[1], tally.chunks + 1
         progress = Progress(chunks_done=tally.chunks, frames_done=tally.frames, frames_total=self._total(tally),
-                            elapsed_s=telemetry.elapsed() - self.t_ready, fps=float(self.cfg.fps), frames_resumed=tally.resumed)
+                            elapsed_s=telemetry.elapsed() - self.t_ready, fps=float(self.cfg.fps),
+                            frames_resumed=tally.resumed)
         if self.on_progress is not None:
             self.on_progress(progress)
         if self.live is not None:
-            self.live.on_progress(progress, generated_fps=(tally.frames - tally.resumed) / max(progress.elapsed_s, 1e-9))
+            self.live.on_progress(progress,
+                                  generated_fps=(tally.frames - tally.resumed) / max(progress.elapsed_s, 1e-9))
         return record, telemetry.chunk_stamp()
 
     def _total_seconds(self) -> Optional[float]:
@@ -214,7 +220,8 @@ class ChunkLoop:
         if isinstance(exc, InputError):  # the fixed input is another input: a resume would be refused
             return AvatarRenderError(f"{str(exc).rstrip('.')}; then start over with --force.")
         done = self.journal.commit_info.frames
-        return AvatarRenderError(f"{str(exc).rstrip('.')}; once that is fixed, run the same command with --resume to continue from frame {done}.")
+        return AvatarRenderError(f"{str(exc).rstrip('.')}; once that is fixed, run the same command with --resume to "
+                                 f"continue from frame {done}.")
 
     def _forget_if_empty(self) -> bool:
         """Remove the partial file and the journal when no frame was committed (nothing worth keeping)."""
@@ -239,21 +246,26 @@ class ChunkLoop:
         wall = telemetry.elapsed()
         gen_s = max(wall - self.t_ready, 1e-9)
         duration = tally.samples / self.job.audio.info.output_rate
-        on_disk = None if stats.first_frame_on_disk_s is None else round(stats.first_frame_on_disk_s - telemetry.t0 - self.t_ready, 4)
+        on_disk = (None if stats.first_frame_on_disk_s is None
+                   else round(stats.first_frame_on_disk_s - telemetry.t0 - self.t_ready, 4))
         live = None if self.live is None else self.live.figures(self.t_ready_monotonic)
         report = RenderReport(
-            output=str(self.output) if self.output is not None else self.live.shown, frames=tally.frames, fps=float(cfg.fps), width=cfg.video.width, height=cfg.video.height,
+            output=str(self.output) if self.output is not None else self.live.shown, frames=tally.frames,
+            fps=float(cfg.fps), width=cfg.video.width, height=cfg.video.height,
             duration_s=round(duration, 4), num_chunks=tally.chunks, face_detected=self.job.static.face_detected,
-            inputs_s=round(self.t_ready, 4), time_to_first_frame_s=round(tally.first_frame_s or 0.0, 4), first_frame_on_disk_s=on_disk,
+            inputs_s=round(self.t_ready, 4), time_to_first_frame_s=round(tally.first_frame_s or 0.0, 4),
+            first_frame_on_disk_s=on_disk,
             wall_s=round(wall, 4), generated_fps=round((tally.frames - tally.resumed) / gen_s, 2),
             realtime_factor=round((duration - tally.resumed / float(cfg.fps)) / wall, 3),
             peak_rss_mb=round(peak_rss_mb(), 1), stage_s={k: round(v, 4) for k, v in telemetry.stage_seconds.items()},
-            resumed_frames=tally.resumed, peak_gpu_mb=None if (gpu := peak_gpu_mb()) is None else round(gpu, 1), live=live,
+            resumed_frames=tally.resumed, peak_gpu_mb=None if (gpu := peak_gpu_mb()) is None else round(gpu, 1),
+            live=live,
         )
         if self.request.report is not None:
             summary = {**dataclasses.asdict(report), "config": OmegaConf.to_container(OmegaConf.structured(cfg))}
             try:
                 write_report(Path(self.request.report), summary, telemetry.records())
             except OSError as e:
-                raise AvatarRenderError(f"Cannot write the report {shown(self.request.report)}: {e.strerror or e}.") from None
+                raise AvatarRenderError(
+                    f"Cannot write the report {shown(self.request.report)}: {e.strerror or e}.") from None
         return report

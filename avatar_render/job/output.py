@@ -55,8 +55,9 @@ def _check_name_length(output: Path) -> None:
     longest = max(len(os.fsencode(p.name)) for p in (output, partial_path(output), journal_path(output)))
     if longest > limit:
         raise AvatarRenderError(
-            f"The output name {shown(output.name)} is too long: with the render's '.partial' and '.journal' names beside it, "
-            f"it passes this folder's limit of {limit} bytes per name; use a name at least {longest - limit} bytes shorter."
+            f"The output name {shown(output.name)} is too long: with the render's '.partial' and '.journal' names "
+            f"beside it, it passes this folder's limit of {limit} bytes per name; use a name at least "
+            f"{longest - limit} bytes shorter."
         )
 
 
@@ -67,13 +68,17 @@ def check_report(report: Optional[Path], output: Optional[Path], *, force: bool)
     if _lstat_is(report, stat.S_ISDIR):
         raise AvatarRenderError(f"Cannot write the report to {shown(report)}: it is a folder; give a file name.")
     if not report.parent.is_dir():
-        raise AvatarRenderError(f"Cannot write the report to {shown(report)}: the folder {shown(report.parent)} does not exist.")
+        raise AvatarRenderError(
+            f"Cannot write the report to {shown(report)}: the folder {shown(report.parent)} does not exist.")
     if not os.access(report.parent, os.W_OK | os.X_OK):
-        raise AvatarRenderError(f"Cannot write the report to {shown(report)}: the folder {shown(report.parent)} is not writable.")
+        raise AvatarRenderError(
+            f"Cannot write the report to {shown(report)}: the folder {shown(report.parent)} is not writable.")
     if report.is_symlink() and not force:
-        raise AvatarRenderError(f"The report path {shown(report)} is a symbolic link; pass --force to replace the link (it is never written through).")
+        raise AvatarRenderError(f"The report path {shown(report)} is a symbolic link; pass --force to replace the link "
+                                "(it is never written through).")
     if output is not None and (os.path.abspath(report) == os.path.abspath(output) or _same_file(report, output)):
-        raise AvatarRenderError(f"The report and the output are the same file {shown(report)}; give them different names.")
+        raise AvatarRenderError(
+            f"The report and the output are the same file {shown(report)}; give them different names.")
 
 
 def check_not_inputs(inputs: dict[str, Path], outputs: dict[str, Path]) -> None:
@@ -81,7 +86,8 @@ def check_not_inputs(inputs: dict[str, Path], outputs: dict[str, Path]) -> None:
     for what, target in outputs.items():
         for name, source in inputs.items():
             if os.path.abspath(target) == os.path.abspath(source) or _same_file(target, source):
-                raise AvatarRenderError(f"The {what} {shown(target)} is the {name} file; the render never writes over its inputs, give another name.")
+                raise AvatarRenderError(f"The {what} {shown(target)} is the {name} file; the render never writes over "
+                                        "its inputs, give another name.")
 
 
 def check_partial(output: Path, journal: Optional[Journal]) -> None:
@@ -91,11 +97,12 @@ def check_partial(output: Path, journal: Optional[Journal]) -> None:
         return
     if journal is None:
         raise AvatarRenderError(
-            f"{shown(partial)} exists but is not an interrupted render of {shown(output.name)} (there is no resume journal beside it); "
-            "the render would write there, so move it away first."
+            f"{shown(partial)} exists but is not an interrupted render of {shown(output.name)} (there is no resume "
+            "journal beside it); the render would write there, so move it away first."
         )
     if partial.is_symlink() or not partial.is_file():
-        raise AvatarRenderError(f"{shown(partial)} is not a file this render made (a link or a folder); move it away first.")
+        raise AvatarRenderError(
+            f"{shown(partial)} is not a file this render made (a link or a folder); move it away first.")
 
 
 def move_into_place(src: Path, dst: Path, *, partial: Path, force: bool) -> None:
@@ -107,10 +114,12 @@ def move_into_place(src: Path, dst: Path, *, partial: Path, force: bool) -> None
     try:
         os.link(src, dst)  # fails if dst exists, unlike rename
     except FileExistsError:
-        raise AvatarRenderError(f"{shown(dst)} was created by something else during the render and is kept; the new video is in {shown(partial)}.") from None
+        raise AvatarRenderError(f"{shown(dst)} was created by something else during the render and is kept; the new "
+                                f"video is in {shown(partial)}.") from None
     except OSError:  # no hard links here
         if os.path.lexists(dst):
-            raise AvatarRenderError(f"{shown(dst)} was created by something else during the render and is kept; the new video is in {shown(partial)}.") from None
+            raise AvatarRenderError(f"{shown(dst)} was created by something else during the render and is kept; the "
+                                    f"new video is in {shown(partial)}.") from None
         os.replace(src, dst)
     else:
         src.unlink()
@@ -125,7 +134,8 @@ def finished_before(output: Path) -> bool:
         check_ours(folder)
     except (AvatarRenderError, OSError):  # (OSError: a name too long, said by check_output)
         return False
-    if not (os.path.lexists(output) and complete.is_file() and not output.is_symlink() and _same_file(output, complete)):
+    if not (os.path.lexists(output) and complete.is_file() and not output.is_symlink()
+            and _same_file(output, complete)):
         return False
     partial = partial_path(output)
     if partial.is_file() and not partial.is_symlink():

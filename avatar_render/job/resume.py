@@ -18,15 +18,18 @@ from avatar_render.pipeline.pipeline import Pipeline
 from avatar_render.pipeline.state import Checkpoint
 
 
-def prior_commit(journal: Journal | None, *, output: Path, partial: Path, resume: bool, force: bool, fps: Fraction) -> Commit | None:
+def prior_commit(journal: Journal | None, *, output: Path, partial: Path, resume: bool, force: bool,
+                 fps: Fraction) -> Commit | None:
     """The commit to resume from, or None to start afresh; refuses to throw an interrupted render away unasked."""
     if journal is None or not os.path.lexists(partial):
         return None  # nothing, or a stale journal that begin() clears
     if journal.damaged:
         if resume:
-            raise AvatarRenderError(f"Cannot resume {shown(output)}: its journal is damaged ({journal.damaged}); start over with --force instead of --resume.")
+            raise AvatarRenderError(f"Cannot resume {shown(output)}: its journal is damaged ({journal.damaged}); start "
+                                    "over with --force instead of --resume.")
         if not force:
-            raise AvatarRenderError(f"A render of {shown(output)} was interrupted and its journal is damaged; pass --force to start over.")
+            raise AvatarRenderError(
+                f"A render of {shown(output)} was interrupted and its journal is damaged; pass --force to start over.")
         return None
     commit = journal.commit_info
     if commit is None:
@@ -54,5 +57,6 @@ def replay_audio(audio: AudioReader, checkpoint: Checkpoint, prior: Commit, pipe
     block = audio.output_audio(first, prior.frames)
     offset = start - (prior.audio_samples - block.shape[1])
     if not 0 <= offset <= block.shape[1]:
-        raise AvatarRenderError("The resume journal does not match the audio, so the render cannot be resumed; start over with --force.")
+        raise AvatarRenderError(
+            "The resume journal does not match the audio, so the render cannot be resumed; start over with --force.")
     return block[:, offset:]

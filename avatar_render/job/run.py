@@ -37,7 +37,8 @@ from avatar_render.pipeline.types import StaticConditioning
 from avatar_render.telemetry import Telemetry
 
 
-def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry, on_progress: Optional[Callable[[Progress], None]],
+def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry,
+            on_progress: Optional[Callable[[Progress], None]],
             on_message: OnMessage, should_stop: Callable[[], bool]) -> RenderReport:
     """Everything is checked that can be before the models load; the journal then says whether this
     render starts afresh or goes on from an interrupted one (the resume point is handed to the other
@@ -58,7 +59,8 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry, on_prog
 
 
 def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry: Telemetry,
-         on_progress: Optional[Callable[[Progress], None]], on_message: OnMessage, should_stop: Callable[[], bool]) -> RenderReport:
+         on_progress: Optional[Callable[[Progress], None]], on_message: OnMessage,
+         should_stop: Callable[[], bool]) -> RenderReport:
     cfg = request.config
     if request.output is None:
         return _run_live_only(request, mesh, live, telemetry=telemetry, on_progress=on_progress, on_message=on_message,
@@ -85,7 +87,8 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry:
             _check_face(job.static, request, on_message)
             journal, point = _start(journal, request, prior, telemetry, on_message)
             broadcast(mesh, point[0] if point else None)
-            loop = ChunkLoop(request, job, telemetry, journal, on_progress=on_progress, should_stop=should_stop, live=live)
+            loop = ChunkLoop(request, job, telemetry, journal, on_progress=on_progress, should_stop=should_stop,
+                             live=live)
             return loop.run(point, prior)
     finally:
         if journal is not None:
@@ -132,13 +135,16 @@ def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[C
     """The journal to write, and the point to go on from (None: from the beginning)."""
     cfg, output = request.config, Path(request.output)
     with telemetry.stage("inputs"):
-        ident = identity(OmegaConf.to_container(OmegaConf.structured(cfg)), Path(request.reference), Path(request.audio))
+        ident = identity(OmegaConf.to_container(OmegaConf.structured(cfg)), Path(request.reference),
+                         Path(request.audio))
     if prior is not None:
         why = journal.mismatch(ident)
         if why:
-            raise AvatarRenderError(f"Cannot resume {shown(output)}: {why} (resume with the same inputs and config, or start over with --force instead of --resume).")
+            raise AvatarRenderError(f"Cannot resume {shown(output)}: {why} (resume with the same inputs and config, or "
+                                    "start over with --force instead of --resume).")
         point = journal.resume_point()
-        on_message("info", f"Resuming {shown(output)} from frame {prior.frames} ({float(prior.frames / cfg.fps):.1f} s).")
+        on_message(
+            "info", f"Resuming {shown(output)} from frame {prior.frames} ({float(prior.frames / cfg.fps):.1f} s).")
         return journal, point
     if request.resume:
         on_message("info", f"Nothing to resume for {shown(output)}; starting from the beginning.")
@@ -162,7 +168,8 @@ def _check_face(static: StaticConditioning, request: RenderRequest, on_message: 
             f"No face was found in the reference '{Path(request.reference).name}'; place it with "
             "face.box=[x,y,w,h], or pass run.no_face=warn to go on with the face assumed at the centre."
         )
-    on_message("warning", "no face was found in the reference; the face was assumed at the image centre (set face.box to place it).")
+    on_message("warning", "no face was found in the reference; the face was assumed at the image centre (set face.box "
+                          "to place it).")
 
 
 def _finished_report(output: Path, cfg) -> RenderReport:
@@ -173,8 +180,10 @@ def _finished_report(output: Path, cfg) -> RenderReport:
         video = c.streams.video[0]
         frames = video.frames
         audio = c.streams.audio[0] if c.streams.audio else None
-        seconds = float(audio.duration * audio.time_base) if audio is not None and audio.duration else frames / float(cfg.fps)
+        seconds = (float(audio.duration * audio.time_base) if audio is not None and audio.duration
+                   else frames / float(cfg.fps))
     return RenderReport(output=str(output), frames=frames, fps=float(cfg.fps), width=video.width, height=video.height,
-                        duration_s=round(seconds, 4), num_chunks=0, face_detected=True, inputs_s=0.0, time_to_first_frame_s=0.0,
+                        duration_s=round(seconds, 4), num_chunks=0, face_detected=True, inputs_s=0.0,
+                        time_to_first_frame_s=0.0,
                         first_frame_on_disk_s=None, wall_s=0.0, generated_fps=0.0, realtime_factor=0.0, peak_rss_mb=0.0,
                         stage_s={}, resumed_frames=frames)

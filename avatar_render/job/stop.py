@@ -25,7 +25,8 @@ class StopNow(BaseException):
 class RenderStopped(Exception):
     """The render stopped on request before its end; the partial output and its journal are kept."""
 
-    def __init__(self, *, output: Optional[Path], partial: Optional[Path], frames: int, seconds: float, at_once: bool) -> None:
+    def __init__(self, *, output: Optional[Path], partial: Optional[Path], frames: int, seconds: float,
+                 at_once: bool) -> None:
         self.output, self.partial, self.frames, self.seconds, self.at_once = output, partial, frames, seconds, at_once
         super().__init__(self.message)
 

@@ -8,7 +8,8 @@ from typing import Callable, Literal, Optional
 
 from avatar_render.config import Config
 
-OnMessage = Callable[[Literal["info", "notice", "warning"], str], None]  # notice: shown even when quiet (a URL to watch)
+# notice: shown even when quiet (a URL to watch)
+OnMessage = Callable[[Literal["info", "notice", "warning"], str], None]
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ class EyeClosure:
         self.values = Track()
 
     def update(self, gray: np.ndarray, shift: tuple[float, float]) -> None:
-        self.values.append(float(np.mean([np.abs(patch(gray, b, shift=shift) - o).mean() for b, o in zip(self.boxes, self.open)])))
+        self.values.append(float(np.mean([np.abs(patch(gray, b, shift=shift) - o).mean()
+                                          for b, o in zip(self.boxes, self.open)])))
 
     def result(self, fps: float) -> BlinkResult:
         return count_blinks(self.values.numpy(), fps=fps, contrast=self.contrast)
@@ -62,4 +63,5 @@ def count_blinks(closure: np.ndarray, *, fps: float, contrast: float) -> BlinkRe
             runs.append([f, f])
     blinks = [a for a, b in runs if (b - a + 1) <= MAX_BLINK_S * fps]
     minutes = n / fps / 60.0
-    return BlinkResult(count=len(blinks), per_minute=len(blinks) / minutes, times_s=tuple(round(a / fps, 3) for a in blinks))
+    return BlinkResult(count=len(blinks), per_minute=len(blinks) / minutes,
+                       times_s=tuple(round(a / fps, 3) for a in blinks))

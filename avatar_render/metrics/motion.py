@@ -45,7 +45,8 @@ class HeadTracker:
         return head_motion_stats(self.positions(), fps=fps, face_width_px=self.box.w, peaks=self.peak.numpy())
 
 
-def head_motion_stats(pos: np.ndarray, *, fps: float, face_width_px: float, peaks: np.ndarray | None = None) -> HeadMotionResult:
+def head_motion_stats(pos: np.ndarray, *, fps: float, face_width_px: float,
+                      peaks: np.ndarray | None = None) -> HeadMotionResult:
     """Smoothness of a (T, 2) position track in pixels."""
     p = pos / max(face_width_px, 1e-9)
     v = np.diff(p, axis=0)  # face widths per frame

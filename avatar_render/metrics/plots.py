@@ -69,7 +69,8 @@ def plot_inspect(r: InspectResult, path: str | Path) -> Path:
     smooth = max(1, round(0.12 * fps)) * 2 + 1
     ax.plot(t, _unit(moving_average(s.mouth, smooth)), lw=0.9, label="mouth movement")
     if s.speech_rms is not None:
-        ax.plot(t, _unit(moving_average(20 * np.log10(s.speech_rms + 1e-9).clip(-60), smooth)), lw=0.9, alpha=0.8, label="speech level")
+        ax.plot(t, _unit(moving_average(20 * np.log10(s.speech_rms + 1e-9).clip(-60), smooth)), lw=0.9, alpha=0.8,
+                label="speech level")
     title = "mouth vs speech" + ("" if r.mouth is None else f": correlation {r.mouth.correlation:.2f}")
     ax.set(title=title, ylabel="scaled 0..1")
     ax.legend(fontsize=8)
@@ -79,14 +80,16 @@ def plot_inspect(r: InspectResult, path: str | Path) -> Path:
     if r.blinks.times_s:
         idx = np.clip(np.round(np.array(r.blinks.times_s) * fps).astype(int), 0, len(s.eyes) - 1)
         ax.plot(np.array(r.blinks.times_s), s.eyes[idx], "v", color="red", label="blinks")
-    ax.set(title=f"blinks: {r.blinks.count} ({r.blinks.per_minute:.1f} per minute)", ylabel="grey levels from open", xlabel="video time, s")
+    ax.set(title=f"blinks: {r.blinks.count} ({r.blinks.per_minute:.1f} per minute)", ylabel="grey levels from open",
+           xlabel="video time, s")
     ax.legend(fontsize=8)
 
     ax = axes[2, 1]
     fw = max(r.head.face_width_px, 1e-9)
     ax.plot(t, s.head[:, 0] / fw, lw=0.8, label="x")
     ax.plot(t, s.head[:, 1] / fw, lw=0.8, label="y")
-    ax.set(title=f"head position: jitter {r.head.jitter:.2f}", ylabel="face widths from the reference", xlabel="video time, s")
+    ax.set(title=f"head position: jitter {r.head.jitter:.2f}", ylabel="face widths from the reference",
+           xlabel="video time, s")
     ax.legend(fontsize=8)
 
     fig.tight_layout()
@@ -103,8 +106,8 @@ def _label(row: dict[str, Any]) -> str:
 
 
 def plot_bench(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
-    """bench_memory.png (RSS per chunk against wall time and against progress), bench_fps.png (generated fps per chunk against
-    video time) and bench_stages.png (milliseconds per frame in each stage)."""
+    """bench_memory.png (RSS per chunk against wall time and against progress), bench_fps.png (generated fps per
+    chunk against video time) and bench_stages.png (milliseconds per frame in each stage)."""
     out_dir = Path(out_dir)
     paths = []
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
@@ -128,7 +131,8 @@ def plot_bench(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     fig.tight_layout()
     paths.append(_save(fig, out_dir / "bench_fps.png"))
 
-    stages = sorted({k for row in rows for k in row["stage_s"]}, key=lambda k: -max(r["stage_s"].get(k, 0) / r["frames"] for r in rows))
+    stages = sorted({k for row in rows for k in row["stage_s"]},
+                    key=lambda k: -max(r["stage_s"].get(k, 0) / r["frames"] for r in rows))
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows) + 3), 5))
     bottom = np.zeros(len(rows))
     for stage in stages:

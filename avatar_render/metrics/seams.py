@@ -60,10 +60,12 @@ def load_report(path: str | Path) -> dict[str, Any]:
     try:
         report = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raise AvatarRenderError(f"The report '{path}' is not a JSON file written by 'avatar-render render --report'.") from None
+        raise AvatarRenderError(
+            f"The report '{path}' is not a JSON file written by 'avatar-render render --report'.") from None
     chunk = report.get("config", {}).get("chunk") if isinstance(report, dict) else None
     if not isinstance(chunk, dict) or not isinstance(chunk.get("chunk_frames"), int) or chunk["chunk_frames"] < 1:
-        raise AvatarRenderError(f"The report '{path}' has no chunk plan (config.chunk.chunk_frames); write it with 'avatar-render render --report'.")
+        raise AvatarRenderError(f"The report '{path}' has no chunk plan (config.chunk.chunk_frames); write it with "
+                                "'avatar-render render --report'.")
     return report
 
 
@@ -85,11 +87,13 @@ def chunk_boundaries(report: dict[str, Any], frames: int) -> tuple[Boundary, ...
     chunk = config["chunk"]
     size, transition = int(chunk["chunk_frames"]), int(chunk.get("transition_frames", 0))
     first = int(chunk.get("first_frames", 0) or 0) or size
-    plans = plan_for(frames, chunk_frames=size, transition_frames=transition, context_frames=int(chunk.get("context_frames", 0)),
+    plans = plan_for(frames, chunk_frames=size, transition_frames=transition,
+                     context_frames=int(chunk.get("context_frames", 0)),
                      lead_frames=LEAD_FRAMES.get(config.get("backend"), 0), first_frames=first) if frames else []
     seams = {p.start for p in plans if p.kind == "N" and p.start > 0}
     edges = {f for p in plans if p.kind == "I" for f in (p.publish_start, p.publish_end) if 0 < f < frames} - seams
-    return tuple(sorted([Boundary(f, "seam") for f in seams] + [Boundary(f, "edge") for f in edges], key=lambda b: b.frame))
+    return tuple(sorted([Boundary(f, "seam") for f in seams] + [Boundary(f, "edge") for f in edges],
+                        key=lambda b: b.frame))
 
 
 class FrameChange:
@@ -104,7 +108,8 @@ class FrameChange:
         self._prev = gray
 
 
-def seam_stats(change: np.ndarray, boundaries: tuple[Boundary, ...], *, chunk_frames: int, transition_frames: int) -> SeamResult:
+def seam_stats(change: np.ndarray, boundaries: tuple[Boundary, ...], *, chunk_frames: int,
+               transition_frames: int) -> SeamResult:
     """change: (T,) per-frame change (NaN at frame 0)."""
     at = [b for b in boundaries if 0 < b.frame < len(change)]
     inside = np.ones(len(change), bool)
@@ -115,7 +120,8 @@ def seam_stats(change: np.ndarray, boundaries: tuple[Boundary, ...], *, chunk_fr
     def ratio(values: list[float]) -> float | None:
         return (float(np.mean(values)) + STILL) / (median + STILL) if values and np.isfinite(median) else None
 
-    readings = tuple(SeamReading(b.frame, b.kind, round(float(change[b.frame]), 4), round(ratio([change[b.frame]]) or 1.0, 4)) for b in at)
+    readings = tuple(SeamReading(b.frame, b.kind, round(float(change[b.frame]), 4),
+                                 round(ratio([change[b.frame]]) or 1.0, 4)) for b in at)
     overall = ratio([r.change for r in readings])
     return SeamResult(
         ratio=1.0 if overall is None else overall,

@@ -47,7 +47,8 @@ def iter_frame_levels(path: str | Path, *, fps: Fraction) -> Iterator[float]:
 def _edges(a: int, b: int, fps: Fraction) -> np.ndarray:
     """Sample offsets of frames a..b from the first sample of frame a, as the audio reader rounds them."""
     start = math.floor(Fraction(a) / fps * AUDIO_RATE + Fraction(1, 2))
-    return np.array([math.floor(Fraction(i) / fps * AUDIO_RATE + Fraction(1, 2)) - start for i in range(a, b + 1)], np.int64)
+    return np.array([math.floor(Fraction(i) / fps * AUDIO_RATE + Fraction(1, 2)) - start for i in range(a, b + 1)],
+                    np.int64)
 
 
 @dataclass(frozen=True)
@@ -127,9 +128,11 @@ def mouth_sync(activity: np.ndarray, rms: np.ndarray, *, fps: float, audio: str)
         moving = float(activity[speech].mean()) - rest
         silence_motion = max(0.0, float(activity[sustained].mean()) - rest) / moving if moving > 1e-6 else 0.0
     max_lag = min(round(MAX_LAG_S * fps), n // 3)
-    lags = {lag: pearson(activity[max(lag, 0) : n + min(lag, 0)], level[max(-lag, 0) : n - max(lag, 0)]) for lag in range(-max_lag, max_lag + 1)}
+    lags = {lag: pearson(activity[max(lag, 0) : n + min(lag, 0)], level[max(-lag, 0) : n - max(lag, 0)])
+            for lag in range(-max_lag, max_lag + 1)}
     best = max(lags, key=lambda k: lags[k])
     return MouthSyncResult(
         correlation=lags[0], best_lag_frames=int(best), best_lag_correlation=lags[best],
-        silence_motion=silence_motion, silence_s=float(sustained.sum() / fps), speech_s=float(speech.sum() / fps), audio=audio,
+        silence_motion=silence_motion, silence_s=float(sustained.sum() / fps), speech_s=float(speech.sum() / fps),
+        audio=audio,
     )

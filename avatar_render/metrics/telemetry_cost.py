@@ -102,7 +102,8 @@ def _per_call_us(fn, n: int) -> float:
     return (time.perf_counter() - t) / n * 1e6
 
 
-def measure(reference: Path, speech: Path, *, repeats: int = 5, overrides: tuple[str, ...] = (), report: bool = True) -> TelemetryCost:
+def measure(reference: Path, speech: Path, *, repeats: int = 5, overrides: tuple[str, ...] = (),
+            report: bool = True) -> TelemetryCost:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         _render(reference, speech, overrides, work, report=report)  # warm-up: imports, caches, the face detector
@@ -128,7 +129,8 @@ def measure(reference: Path, speech: Path, *, repeats: int = 5, overrides: tuple
     wall_with, wall_without = [w for w, _ in with_t], [w for w, _ in without_t]
     cpu_with, cpu_without = [c for _, c in with_t], [c for _, c in without_t]
     base, cpu_base = statistics.median(wall_without), statistics.median(cpu_without)
-    spent = (_CountingTelemetry.stages * stage_us + _CountingTelemetry.chunks * chunk_us + setup_us) / 1e6 + rows_ms / 1e3
+    spent = ((_CountingTelemetry.stages * stage_us + _CountingTelemetry.chunks * chunk_us + setup_us) / 1e6
+             + rows_ms / 1e3)
     return TelemetryCost(
         frames=frames, repeats=repeats,
         render_s_with=round(statistics.median(wall_with), 4), render_s_without=round(base, 4),
@@ -140,7 +142,8 @@ def measure(reference: Path, speech: Path, *, repeats: int = 5, overrides: tuple
         end_to_end_min_pct=round(100 * (min(wall_with) - min(wall_without)) / min(wall_without), 3),
         end_to_end_cpu_min_pct=round(100 * (min(cpu_with) - min(cpu_without)) / min(cpu_without), 3),
         stage_calls=_CountingTelemetry.stages, chunk_records=_CountingTelemetry.chunks,
-        stage_call_us=round(stage_us, 3), chunk_record_us=round(chunk_us, 2), setup_us=round(setup_us, 1), report_rows_ms=round(rows_ms, 3),
+        stage_call_us=round(stage_us, 3), chunk_record_us=round(chunk_us, 2), setup_us=round(setup_us, 1),
+        report_rows_ms=round(rows_ms, 3),
         bottom_up_pct=round(100 * spent / base, 4),
     )
 
@@ -158,7 +161,8 @@ def main() -> None:
     parser.add_argument("--no-report", action="store_true", help="render without --report (no per-chunk records)")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args()
-    cost = measure(args.ref, args.audio, repeats=args.repeats, overrides=tuple(args.overrides), report=not args.no_report)
+    cost = measure(args.ref, args.audio, repeats=args.repeats, overrides=tuple(args.overrides),
+                   report=not args.no_report)
     for key, value in asdict(cost).items():
         print(f"{key}: {value}")
 

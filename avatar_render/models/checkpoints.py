@@ -71,11 +71,13 @@ def resolve_base_files(base: Path) -> list[Path]:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (ValueError, KeyError, TypeError):
-                raise AvatarRenderError(f"The checkpoint index {index} is not a valid safetensors index file.") from None
+                raise AvatarRenderError(
+                    f"The checkpoint index {index} is not a valid safetensors index file.") from None
             files = [folder / name for name in sorted(set(weight_map.values()))]
             missing = [f.name for f in files if not f.is_file()]
             if missing:
-                raise AvatarRenderError(f"The checkpoint index {index} lists {len(missing)} missing file(s): {_listing(missing)}.")
+                raise AvatarRenderError(
+                    f"The checkpoint index {index} lists {len(missing)} missing file(s): {_listing(missing)}.")
             return files
         if (folder / SINGLE_NAME).is_file():
             return [folder / SINGLE_NAME]
@@ -95,7 +97,8 @@ def _header(path: Path) -> dict[str, tuple[int, ...]]:
         with safe_open(str(path), framework="pt") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except (SafetensorError, OSError) as e:
-        raise AvatarRenderError(f"Cannot read the weights file {path}: it is not a valid safetensors file ({e}).") from None
+        raise AvatarRenderError(
+            f"Cannot read the weights file {path}: it is not a valid safetensors file ({e}).") from None
 
 
 def plan_sources(base: Path, audio: Path | None = None) -> dict[str, TensorSource]:
@@ -129,11 +132,13 @@ def check_sources(sources: dict[str, TensorSource], expected: dict[str, tuple[in
     missing = [k for k in expected if k not in sources]
     unexpected = [k for k in sources if k not in expected]
     wrong = [
-        f"{k} {list(s.shape)} instead of {list(expected[k])}" for k, s in sources.items() if k in expected and s.shape != expected[k]
+        f"{k} {list(s.shape)} instead of {list(expected[k])}"
+        for k, s in sources.items() if k in expected and s.shape != expected[k]
     ]
     problems = []
     if missing:
-        hint = "; they belong to the audio module, e.g. infinitetalk.safetensors" if all(map(is_audio_name, missing)) else ""
+        hint = ("; they belong to the audio module, e.g. infinitetalk.safetensors"
+                if all(map(is_audio_name, missing)) else "")
         problems.append(f"{len(missing)} tensor(s) missing ({_listing(missing)}{hint})")
     if unexpected:
         problems.append(f"{len(unexpected)} unexpected tensor(s) ({_listing(unexpected)})")
@@ -161,7 +166,8 @@ def load_into(
     from avatar_render.distributed.parallelize import local_piece
 
     device = torch.device(device)
-    workers = max(1, min(8, (os.cpu_count() or 1) // 2)) if workers is None else workers  # (a 2-core host reads one at a time)
+    # (a 2-core host reads one at a time)
+    workers = max(1, min(8, (os.cpu_count() or 1) // 2)) if workers is None else workers
     modules = dict(model.named_modules())
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for name, src in sources.items():

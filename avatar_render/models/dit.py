@@ -100,7 +100,8 @@ class SequenceParallelPlan:
 
 
 # Parameter names kept in float32 when the rest is cast down (small tensors computed in float32).
-FP32_PARAMS = re.compile(r"(modulation$|norm[^.]*\.(weight|bias)$|^time_embedding\.|^time_projection\.|^head\.head\.|^img_emb\.proj\.[04]\.)")
+FP32_PARAMS = re.compile(
+    r"(modulation$|norm[^.]*\.(weight|bias)$|^time_embedding\.|^time_projection\.|^head\.head\.|^img_emb\.proj\.[04]\.)")
 
 
 def param_dtype(name: str, dtype: torch.dtype, *, keep_fp32: bool = True) -> torch.dtype:
@@ -135,7 +136,8 @@ class WanAudioDiT(nn.Module):
         attention=(
             AttentionSP("self_attn", q="tokens", kv="tokens"),  # Ulysses all-to-all of q, k, v
             AttentionSP("cross_attn", q="tokens", kv="replicated"),  # purely local: text/image k, v everywhere
-            AttentionSP("audio_cross_attn", q="tokens", kv="replicated"),  # frame-local: needs whole frames -> exchange q
+            # frame-local: needs whole frames -> exchange q
+            AttentionSP("audio_cross_attn", q="tokens", kv="replicated"),
         ),
     )
 
@@ -148,7 +150,8 @@ class WanAudioDiT(nn.Module):
         assert c.patch_size[0] == 1, "audio tokens are per latent frame: no temporal patching"
         self.config = c
         self.patch_embedding = nn.Conv3d(c.in_dim, c.dim, kernel_size=c.patch_size, stride=c.patch_size)
-        self.text_embedding = nn.Sequential(nn.Linear(c.text_dim, c.dim), nn.GELU(approximate="tanh"), nn.Linear(c.dim, c.dim))
+        self.text_embedding = nn.Sequential(nn.Linear(c.text_dim, c.dim), nn.GELU(approximate="tanh"),
+                                            nn.Linear(c.dim, c.dim))
         self.time_embedding = nn.Sequential(nn.Linear(c.freq_dim, c.dim), nn.SiLU(), nn.Linear(c.dim, c.dim))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(c.dim, 6 * c.dim))
         self.blocks = nn.ModuleList(
@@ -174,7 +177,8 @@ class WanAudioDiT(nn.Module):
         return self.patch_embedding.weight.device
 
     def forward(self, x: Tensor, t: Tensor, context: Tensor | None, clip_fea: Tensor | None, audio: Tensor, *,
-                cross_kv: tuple[CrossKV, ...] | None = None, keep_kv: bool = False) -> Tensor | tuple[Tensor, tuple[CrossKV, ...]]:
+                cross_kv: tuple[CrossKV, ...] | None = None,
+                keep_kv: bool = False) -> Tensor | tuple[Tensor, tuple[CrossKV, ...]]:
         """Predict the flow for one batch of latent video chunks.
 
         x:        [B, in_dim, F_lat, H_lat, W_lat]: channels = 16 noisy latents, 4 mask, 16 latents of
@@ -195,7 +199,8 @@ class WanAudioDiT(nn.Module):
         c = self.config
         b, _, f_lat, h_lat, w_lat = x.shape
         if x.shape[1] != c.in_dim or h_lat % c.patch_size[1] or w_lat % c.patch_size[2] or f_lat % c.patch_size[0]:
-            raise ValueError(f"x has shape {tuple(x.shape)}; expected [B, {c.in_dim}, F, H, W] divisible by {c.patch_size}")
+            raise ValueError(
+                f"x has shape {tuple(x.shape)}; expected [B, {c.in_dim}, F, H, W] divisible by {c.patch_size}")
         want_audio = (b, c.video_frames(f_lat), c.audio_window, c.audio_layers, c.audio_dim)
         if tuple(audio.shape) != want_audio:
             raise ValueError(f"audio has shape {tuple(audio.shape)}; expected {want_audio}")

@@ -164,7 +164,8 @@ class ImageTextCrossAttention(_Projections):
         return (self.norm_k(self.k(text)).unflatten(2, heads), self.v(text).unflatten(2, heads),
                 self.norm_k_img(self.k_img(image)).unflatten(2, heads), self.v_img(image).unflatten(2, heads))
 
-    def forward(self, x: Tensor, text: Tensor | None, image: Tensor | None, kv: CrossKV | None = None) -> tuple[Tensor, CrossKV]:
+    def forward(self, x: Tensor, text: Tensor | None, image: Tensor | None,
+                kv: CrossKV | None = None) -> tuple[Tensor, CrossKV]:
         """x: [B, L, C], text: [B, L_text, C], image: [B, L_img, C] (embedded) -> ([B, L, C], their keys
         and values); with ``kv`` (from an earlier pass of the same request) text and image are not read."""
         heads = (self.num_heads, -1)

@@ -22,8 +22,13 @@ _TOP_NAMES = {
     "head.modulation": "scale_shift_table",
 }
 _BLOCK_NAMES = {
-    **{f"self_attn.{a}": f"attn1.{b}" for a, b in [("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"), ("norm_q", "norm_q"), ("norm_k", "norm_k")]},
-    **{f"cross_attn.{a}": f"attn2.{b}" for a, b in [("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"), ("norm_q", "norm_q"), ("norm_k", "norm_k"), ("k_img", "add_k_proj"), ("v_img", "add_v_proj"), ("norm_k_img", "norm_added_k")]},
+    **{f"self_attn.{a}": f"attn1.{b}"
+       for a, b in [("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"), ("norm_q", "norm_q"),
+                    ("norm_k", "norm_k")]},
+    **{f"cross_attn.{a}": f"attn2.{b}"
+       for a, b in [("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"), ("norm_q", "norm_q"),
+                    ("norm_k", "norm_k"), ("k_img", "add_k_proj"), ("v_img", "add_v_proj"),
+                    ("norm_k_img", "norm_added_k")]},
     "norm3": "norm2",
     "ffn.0": "ffn.net.0.proj",
     "ffn.2": "ffn.net.2",
@@ -60,7 +65,8 @@ def diffusers_to_native(key: str) -> str | None:
 
 
 def is_diffusers_name(key: str) -> bool:
-    return key.startswith(("condition_embedder.", "proj_out.")) or key == "scale_shift_table" or ".attn1." in key or ".attn2." in key
+    return (key.startswith(("condition_embedder.", "proj_out.")) or key == "scale_shift_table"
+            or ".attn1." in key or ".attn2." in key)
 
 
 def is_audio_name(key: str) -> bool:

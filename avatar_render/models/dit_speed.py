@@ -52,14 +52,15 @@ def check_speed(speed: DiTSpeed, device: torch.device, *, distributed: bool, str
     """One sentence for a lever this set-up cannot take."""
     if speed.fp8:
         if device.type != "cuda":
-            raise AvatarRenderError("Config key 'model.fp8' needs a CUDA GPU with float8 support (compute capability 8.9 or newer).")
+            raise AvatarRenderError(
+                "Config key 'model.fp8' needs a CUDA GPU with float8 support (compute capability 8.9 or newer).")
         try:
             import torchao  # noqa: F401
         except ImportError:
             raise AvatarRenderError("Config key 'model.fp8' needs torchao: pip install torchao.") from None
         if torch.cuda.get_device_capability(device) < (8, 9):
-            raise AvatarRenderError(f"Config key 'model.fp8' needs float8 matmuls, which {torch.cuda.get_device_name(device)} lacks "
-                                    "(compute capability 8.9 or newer).")
+            raise AvatarRenderError("Config key 'model.fp8' needs float8 matmuls, which "
+                                    f"{torch.cuda.get_device_name(device)} lacks (compute capability 8.9 or newer).")
     for key, on in (("model.cuda_graphs", speed.cuda_graphs), ("model.fp8", speed.fp8)):
         if on and device.type != "cuda":
             raise AvatarRenderError(f"Config key '{key}' needs a CUDA GPU.")
@@ -67,7 +68,8 @@ def check_speed(speed: DiTSpeed, device: torch.device, *, distributed: bool, str
             raise AvatarRenderError(f"Config key '{key}' needs the DiT resident in one process "
                                     "(not under torchrun, not with dist.offload.dit=offloaded).")
     if speed.attention in ("efficient", "cudnn") and device.type != "cuda":
-        raise AvatarRenderError(f"Config key 'model.attention' {speed.attention} needs a CUDA GPU (on a CPU: auto, flash or math).")
+        raise AvatarRenderError(
+            f"Config key 'model.attention' {speed.attention} needs a CUDA GPU (on a CPU: auto, flash or math).")
 
 
 def fp8_filter(module: nn.Module, name: str) -> bool:

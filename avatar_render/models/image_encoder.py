@@ -80,12 +80,14 @@ def locate_image_encoder(path: Path) -> tuple[str, list[Path]]:
     if (path / NATIVE_FILE).is_file():
         return "wan", [path / NATIVE_FILE]
     for folder in (path / "image_encoder", path):
-        if (folder / "config.json").is_file() and "clip" in str(read_json(folder / "config.json").get("model_type", "")):
+        if ((folder / "config.json").is_file()
+                and "clip" in str(read_json(folder / "config.json").get("model_type", ""))):
             return "hf", [folder / "config.json", *safetensors_shards(folder, "model.safetensors")]
     return "wan", [path / NATIVE_FILE]
 
 
-_BLOCK = {"norm1": "layer_norm1", "norm2": "layer_norm2", "attn.proj": "self_attn.out_proj", "mlp.0": "mlp.fc1", "mlp.2": "mlp.fc2"}
+_BLOCK = {"norm1": "layer_norm1", "norm2": "layer_norm2", "attn.proj": "self_attn.out_proj", "mlp.0": "mlp.fc1",
+          "mlp.2": "mlp.fc2"}
 _TOP = {
     "patch_embedding.weight": "embeddings.patch_embedding.weight",
     "pre_norm.weight": "pre_layrnorm.weight",
@@ -185,7 +187,8 @@ class ImageEncoder(TorchModule):
 
     @torch.no_grad()
     def encode(self, image: torch.Tensor) -> torch.Tensor:
-        """image [B, 3, H, W] in [-1, 1] -> penultimate-block tokens [B, 1 + (S/14)^2, hidden] float32 ([B, 257, 1280])."""
+        """image [B, 3, H, W] in [-1, 1] -> penultimate-block tokens [B, 1 + (S/14)^2, hidden] float32
+        ([B, 257, 1280])."""
         dev = self.compute_device
         pixels = self.preprocess(image.to(dev)).to(self.dtype)
         return self.net(pixel_values=pixels).last_hidden_state.float()

@@ -27,7 +27,8 @@ from avatar_render.models.dit_names import native_to_diffusers
 from avatar_render.models.weights import is_sharded
 
 _PREFIX = re.compile(r"^(model\.diffusion_model\.|diffusion_model\.|transformer\.|base_model\.model\.|lora_unet_)")
-_KEY = re.compile(r"^(?P<m>.+?)\.(?P<kind>lora_down\.weight|lora_up\.weight|lora_[AB](\.default)?\.weight|alpha|diff|diff_b)$")
+_KEY = re.compile(
+    r"^(?P<m>.+?)\.(?P<kind>lora_down\.weight|lora_up\.weight|lora_[AB](\.default)?\.weight|alpha|diff|diff_b)$")
 _KIND = {"lora_down.weight": "down", "lora_A.weight": "down", "lora_A.default.weight": "down",
          "lora_up.weight": "up", "lora_B.weight": "up", "lora_B.default.weight": "up",
          "alpha": "alpha", "diff": "diff", "diff_b": "diff_b"}
@@ -64,12 +65,15 @@ def _group_keys(path: Path, keys: list[str], lookup: dict[str, str]) -> dict[str
             continue
         groups.setdefault(target, {})[_KIND[m.group("kind")]] = key
     if bad_format:
-        raise AvatarRenderError(f"The LoRA file {path} has {len(bad_format)} tensor(s) in no known LoRA format: {', '.join(bad_format[:3])}.")
+        raise AvatarRenderError(f"The LoRA file {path} has {len(bad_format)} tensor(s) in no known LoRA format: "
+                                f"{', '.join(bad_format[:3])}.")
     if unknown:
-        raise AvatarRenderError(f"The LoRA file {path} targets {len(unknown)} tensor(s) the model does not have: {', '.join(unknown[:3])}.")
+        raise AvatarRenderError(
+            f"The LoRA file {path} targets {len(unknown)} tensor(s) the model does not have: {', '.join(unknown[:3])}.")
     for target, g in groups.items():
         if ("down" in g) != ("up" in g):
-            raise AvatarRenderError(f"The LoRA file {path} has only half of the pair for {target} (needs both down/A and up/B).")
+            raise AvatarRenderError(
+                f"The LoRA file {path} has only half of the pair for {target} (needs both down/A and up/B).")
     return groups
 
 
@@ -94,7 +98,8 @@ def merge_lora(model: nn.Module, path: Path, *, scale: float = 1.0) -> int:
     try:
         f = safe_open(str(path), framework="pt")
     except (SafetensorError, OSError) as e:
-        raise AvatarRenderError(f"Cannot read the LoRA file {path}: it is not a valid safetensors file ({e}).") from None
+        raise AvatarRenderError(
+            f"Cannot read the LoRA file {path}: it is not a valid safetensors file ({e}).") from None
     with f:
         groups = _group_keys(path, list(f.keys()), _module_lookup(model))
         changed = 0
@@ -110,7 +115,8 @@ def merge_lora(model: nn.Module, path: Path, *, scale: float = 1.0) -> int:
                         f"cannot update a weight of shape {list(weight.shape)}."
                     )
                 alpha = f.get_tensor(g["alpha"]).item() if "alpha" in g else rank
-                _add(weight, (up.to(weight.device) @ down.to(weight.device)).view(weight.shape) * (scale * alpha / rank))
+                _add(weight, (up.to(weight.device) @ down.to(weight.device)).view(weight.shape) *
+                     (scale * alpha / rank))
                 changed += 1
             for kind, leaf in (("diff", "weight"), ("diff_b", "bias")):
                 if kind not in g:
@@ -118,7 +124,8 @@ def merge_lora(model: nn.Module, path: Path, *, scale: float = 1.0) -> int:
                 p = params.get(f"{target}.{leaf}")
                 delta = f.get_tensor(g[kind])
                 if p is None or delta.shape != p.shape:
-                    raise AvatarRenderError(f"The LoRA file {path} has {g[kind]} of shape {list(delta.shape)}, which does not fit {target}.{leaf}.")
+                    raise AvatarRenderError(f"The LoRA file {path} has {g[kind]} of shape {list(delta.shape)}, which "
+                                            f"does not fit {target}.{leaf}.")
                 _add(p, delta.float() * scale)
                 changed += 1
     return changed

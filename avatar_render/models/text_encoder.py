@@ -68,7 +68,8 @@ def locate_text_encoder(path: Path) -> tuple[str, list[Path], Path]:
 _NATIVE_RULES = [
     (r"(shared|encoder\.embed_tokens)\.weight", lambda m: "token_embedding.weight"),
     (r"encoder\.final_layer_norm\.weight", lambda m: "norm.weight"),
-    (r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.([qkvo])\.weight", lambda m: f"blocks.{m[1]}.attn.{m[2]}.weight"),
+    (r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.([qkvo])\.weight",
+     lambda m: f"blocks.{m[1]}.attn.{m[2]}.weight"),
     (
         r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.relative_attention_bias\.weight",
         lambda m: f"blocks.{m[1]}.pos_embedding.embedding.weight",
@@ -174,7 +175,8 @@ class TextEncoder(TorchModule):
             return torch.tensor([raw[: self.config.text_len - 1] + [1]])
         if self.tokenizer is None:
             raise AvatarRenderError("The text encoder has no tokenizer: give the folder that holds tokenizer.json.")
-        out = self.tokenizer([clean_prompt(text)], truncation=True, max_length=self.config.text_len, return_tensors="pt")
+        out = self.tokenizer([clean_prompt(text)], truncation=True, max_length=self.config.text_len,
+                             return_tensors="pt")
         return out["input_ids"]
 
     @torch.no_grad()

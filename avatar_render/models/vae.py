@@ -98,8 +98,8 @@ class CausalCache:
 def locate_vae(path: Path) -> tuple[str, list[Path]]:
     """(layout, files): ``("wan", [Wan2.1_VAE.pth])`` or ``("diffusers", [config.json, *safetensors])``.
 
-    ``path`` is the .pth (or a Wan-native .safetensors) itself, a folder holding it, a diffusers VAE folder, or a diffusers model
-    folder with a ``vae/`` subfolder. An unknown folder resolves to the Wan file (reported missing).
+    ``path`` is the .pth (or a Wan-native .safetensors) itself, a folder holding it, a diffusers VAE folder, or a
+    diffusers model folder with a ``vae/`` subfolder. An unknown folder resolves to the Wan file (reported missing).
     """
     path = Path(path)
     if path.suffix in (".pth", ".pt", ".safetensors"):
@@ -279,7 +279,8 @@ def _cached_conv(conv: nn.Module, x: torch.Tensor, feats: list, idx: list[int]) 
     return x
 
 
-def decode_rows(decoder: nn.Module, x: torch.Tensor, feats: list, first: bool, rows: tuple[int, int], halo: int) -> torch.Tensor:
+def decode_rows(decoder: nn.Module, x: torch.Tensor, feats: list, first: bool, rows: tuple[int, int],
+                halo: int) -> torch.Tensor:
     """The decoder's forward for one latent, keeping only output rows of latent rows ``[lo, hi)``:
     the stem and middle block on the whole frame, the rest on the strip and ``halo`` rows around it.
     x [B, C, 1, h, w] -> [B, 3, T, 8 (hi - lo), 8 w]."""
@@ -360,7 +361,8 @@ class StreamingDecoder:
         if decoded == 0:
             return self.start()
         if recent.shape[1] < min(decoded, self.window()):
-            raise ValueError(f"{recent.shape[1]} latents cannot restore the decoder after {decoded} (it needs {self.window()})")
+            raise ValueError(
+                f"{recent.shape[1]} latents cannot restore the decoder after {decoded} (it needs {self.window()})")
         cache = self.decode(recent[None], self.start())[1]
         return CausalCache(feats=cache.feats, steps=decoded)
 

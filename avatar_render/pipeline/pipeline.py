@@ -90,14 +90,16 @@ class Pipeline:
         check_chain((self.init,), first_input=RequestInput, last_output=object)
         check_chain(self.generate, first_input=ChunkInput, last_output=Generated)
         # What the generation chain hands to decode is whatever its output's segment() returns.
-        segment_type = get_type_hints(self.generate[-1].output_type.segment).get("return", Segment) if self.generate else Segment
+        segment_type = (get_type_hints(self.generate[-1].output_type.segment).get("return", Segment) if self.generate
+                        else Segment)
         check_chain((self.decode,), first_input=segment_type, last_output=Frames)
         z = self.sizes
         if z.transition_frames and z.lead_frames + z.first < z.transition_frames // 2 + 1:
             raise AvatarRenderError(
                 f"Config key 'chunk.first_frames' ({z.first}) is too short for chunk.transition_frames "
-                f"({z.transition_frames}): the first chunk must hold at least {z.transition_frames // 2 + 1 - z.lead_frames} "
-                "frames so that the I chunk over its seam has a frame to start from.")
+                f"({z.transition_frames}): the first chunk must hold at least "
+                f"{z.transition_frames // 2 + 1 - z.lead_frames} frames so that the I chunk over its seam has a frame "
+                "to start from.")
 
     def audio_kept_from(self, plan: ChunkPlan) -> int:
         """The first frame whose audio the chunk loop may still read once ``plan`` is done: I chunks
@@ -201,7 +203,8 @@ class Pipeline:
         """A plan entry done before the resume point: only the audio moves on (``last``: the saved
         checkpoint's plan, given for the last such entry, which must be this one)."""
         if last is not None and plan != last:
-            raise CannotResume("The saved chunk plan does not match this audio and config, so the render cannot be resumed.")
+            raise CannotResume(
+                "The saved chunk plan does not match this audio and config, so the render cannot be resumed.")
         audio.release(self.audio_kept_from(plan))
 
     def _generate(self, plan: ChunkPlan, state: RollingState, static: Any, audio: AudioSource, *, seed: int,
@@ -209,14 +212,16 @@ class Pipeline:
         """One plan entry through the generation stages: its anchors kept, its final part queued for decode."""
         with clock("audio"):
             window = audio.model_audio(plan.start, plan.end, pad_s=self.audio_pad_s)
-        x: Any = ChunkInput(plan=plan, fps=self.fps, audio=window, audio_rate=self.audio_rate, audio_pad_s=self.audio_pad_s,
+        x: Any = ChunkInput(plan=plan, fps=self.fps, audio=window, audio_rate=self.audio_rate,
+                            audio_pad_s=self.audio_pad_s,
                             anchors=tuple(state.anchors[f] for f in plan.anchors), seed=seed)
         carries = list(state.carries)
         for i, stage in enumerate(self.generate):
             with clock(stage.name):
                 x, carries[i] = _run(stage, x, static=static, carry=carries[i], plan=plan)
         generated: Generated = x
-        state = replace(state, carries=tuple(carries)).with_anchors({f: generated.anchor(f) for f in plan.keep}, drop=plan.anchors)
+        state = replace(state, carries=tuple(carries)).with_anchors({f: generated.anchor(f) for f in plan.keep},
+                                                                    drop=plan.anchors)
         start = max(plan.publish_start, state.next_frame)  # (N0 after its lead frames went out)
         if plan.publish_end > start:
             state = replace(state, pending=state.pending + (generated.segment(start, plan.publish_end),))
@@ -256,7 +261,8 @@ class Pipeline:
         decoded, decode_carry = job.result.result() if job.result is not None else (None, job.state.decode_carry)
         for i, segment in enumerate(job.segments):
             if decoded is None:
-                frames, decode_carry = _run_timed(self.decode, segment, static=static, carry=decode_carry, plan=job.plan,
+                frames, decode_carry = _run_timed(self.decode, segment, static=static, carry=decode_carry,
+                                                  plan=job.plan,
                                                   clock=clock)
             else:
                 frames = decoded[i]

@@ -95,10 +95,12 @@ def _encode(x: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         cls = type(x)
         if "<locals>" in cls.__qualname__:
-            raise TypeError(f"{where}: {cls.__qualname__} is defined inside a function; define it at module level so it can be saved")
+            raise TypeError(f"{where}: {cls.__qualname__} is defined inside a function; define it at module level so "
+                            "it can be saved")
         fields = {f.name: _encode(getattr(x, f.name), arrays, f"{where}.{f.name}") for f in dataclasses.fields(x)}
         return {"dataclass": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
-    raise TypeError(f"{where}: cannot save a {type(x).__qualname__}; rolling state must be dataclasses, containers, numbers and arrays")
+    raise TypeError(f"{where}: cannot save a {type(x).__qualname__}; rolling state must be dataclasses, containers, "
+                    "numbers and arrays")
 
 
 def _decode(node: Any, arrays: dict[str, np.ndarray]) -> Any:

@@ -50,7 +50,8 @@ class Filler:
             zeros = np.zeros((self.spec.audio_channels, AAC_FRAME), np.float32)
             for i in range(8):
                 frame = av.AudioFrame.from_ndarray(zeros, format="fltp", layout=encoder.layout.name)
-                frame.sample_rate, frame.pts, frame.time_base = self.spec.audio_rate, i * AAC_FRAME, Fraction(1, self.spec.audio_rate)
+                frame.sample_rate, frame.pts, frame.time_base = (self.spec.audio_rate, i * AAC_FRAME,
+                                                                 Fraction(1, self.spec.audio_rate))
                 packets += encoder.encode(frame)
             self._silence = bytes(packets[-1])  # past the encoder's start: a steady frame of silence
         return self._silence

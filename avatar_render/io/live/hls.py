@@ -44,9 +44,11 @@ def read_playlist(playlist: Path, fps: Fraction) -> tuple[list[Segment], bool]:
     try:
         lines = playlist.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise AvatarRenderError(f"Cannot read the playlist {shown(playlist)}: {getattr(exc, 'strerror', None) or exc}.") from None
+        raise AvatarRenderError(
+            f"Cannot read the playlist {shown(playlist)}: {getattr(exc, 'strerror', None) or exc}.") from None
     if MARK not in lines:
-        raise AvatarRenderError(f"{shown(playlist)} is not a playlist this renderer wrote; it is left alone (choose another name).")
+        raise AvatarRenderError(
+            f"{shown(playlist)} is not a playlist this renderer wrote; it is left alone (choose another name).")
     segments, duration = [], None
     for line in lines:
         if line.startswith("#EXTINF:"):
@@ -54,7 +56,8 @@ def read_playlist(playlist: Path, fps: Fraction) -> tuple[list[Segment], bool]:
         elif line and not line.startswith("#"):
             match = _ENTRY.match(line)
             if match is None or duration is None or match["stem"] != playlist.stem:
-                raise AvatarRenderError(f"The playlist {shown(playlist)} lists '{line}', which this renderer did not write.")
+                raise AvatarRenderError(
+                    f"The playlist {shown(playlist)} lists '{line}', which this renderer did not write.")
             segments.append(Segment(line, int(match["first"]), round(duration * fps)))
             duration = None
     return segments, "#EXT-X-ENDLIST" in lines
@@ -95,7 +98,8 @@ class HlsSink:
             if first_frame and self.playlist.exists():
                 self._cut_back(first_frame, init)
             else:
-                assert not self.playlist.exists(), "checked before the render: an existing playlist is refused or removed"
+                assert not self.playlist.exists(), ("checked before the render: an existing playlist is refused or "
+                                                    "removed")
                 replace_atomically(self.folder / init_name(self.playlist), lambda f: f.write(init))
             if self.segments:  # (a new playlist appears with its first segment: players refuse an empty one)
                 self._write_playlist()

@@ -38,7 +38,8 @@ class PipeSink:
             while view:
                 view = view[os.write(self.fd, view):]
         except OSError as exc:  # the reader went away (EPIPE), or the pipe broke
-            self._failed = AvatarRenderError(f"The reader of standard output went away ({os.strerror(exc.errno or 0).lower()}).")
+            self._failed = AvatarRenderError(
+                f"The reader of standard output went away ({os.strerror(exc.errno or 0).lower()}).")
             self.say("warning", f"live: {self._failed} The render goes on without it.")
 
     def end_gop(self) -> None:

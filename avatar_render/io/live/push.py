@@ -264,7 +264,8 @@ class PushSink:
         return self._t0 + (pts - self._pts0) / WIRE_CLOCK + self._shift
 
     def _video_pts(self, frame: int) -> int:
-        return round((Fraction(frame) / self.spec.fps + Fraction(AAC_PRIMING, self.spec.audio_rate)) * WIRE_CLOCK) + self._hold_video
+        return round((Fraction(frame) / self.spec.fps + Fraction(AAC_PRIMING, self.spec.audio_rate)) *
+                     WIRE_CLOCK) + self._hold_video
 
     def _audio_pts(self, audio_time: int) -> int:
         return round(Fraction(audio_time, self.spec.audio_rate) * WIRE_CLOCK) + self._hold_audio
@@ -281,7 +282,8 @@ class PushSink:
     def _needed_preroll(self, first: Fragment, put_at: float) -> float:
         """The wait that lets a render of known length play through: generation speed from the first
         chunks' arrivals, the rest of the render's length from ``total_seconds``."""
-        while not self._buffer.wait_for(lambda items: any(isinstance(i, Fragment) or i is _CLOSE for i, _ in items), 0.1):
+        while not self._buffer.wait_for(lambda items: any(isinstance(i, Fragment) or i is _CLOSE for i, _ in items),
+                                        0.1):
             if self._abort.is_set():
                 raise _Abort
         items = self._buffer.peek_all()
@@ -289,8 +291,8 @@ class PushSink:
         total = self.total_seconds()
         if not later or total is None:
             if total is None:
-                self.say("warning", f"live: the render's length is not known yet, so no pre-roll is computed for {self.name}; "
-                                    "it waits for generation when it must.")
+                self.say("warning", "live: the render's length is not known yet, so no pre-roll is computed for "
+                                    f"{self.name}; it waits for generation when it must.")
             return 0.0
         fps = self.spec.fps
         nxt, nxt_at = later[0]
@@ -304,8 +306,8 @@ class PushSink:
         preroll = max(0.0, (remaining + chunk) / speed - (received + remaining), chunk / speed - received)
         if preroll > self.pacing.preroll_s:
             self._buffer.limit_s = max(self._buffer.limit_s, (preroll + 2 * chunk) * min(speed, 1.0) + 2 * chunk)
-            self.say("info", f"live: generation runs at {speed:.2f}x real time; the stream to {self.name} starts after a "
-                             f"pre-roll of {preroll:.0f} s so that it plays to the end without a stall.")
+            self.say("info", f"live: generation runs at {speed:.2f}x real time; the stream to {self.name} starts after "
+                             f"a pre-roll of {preroll:.0f} s so that it plays to the end without a stall.")
         return preroll
 
     def _send_fragment(self, fragment: Fragment, put_at: float) -> None:
@@ -333,7 +335,8 @@ class PushSink:
             out.append(WirePacket(True, s.data, pts, round(frame_ticks), s.key))
         t = fragment.audio_time
         for s in fragment.audio:
-            out.append(WirePacket(False, s.data, self._audio_pts(t), round(Fraction(s.duration * WIRE_CLOCK, self.spec.audio_rate)), True))
+            out.append(WirePacket(False, s.data, self._audio_pts(t),
+                                  round(Fraction(s.duration * WIRE_CLOCK, self.spec.audio_rate)), True))
             t += s.duration
         out.sort(key=lambda p: p.pts)  # interleaved by time (stable: video first at equal times)
         return out
@@ -366,8 +369,8 @@ class PushSink:
         if gop is None:
             return False
         if not self.stats.held_s:
-            self.say("warning", f"live: generation is slower than real time; the stream to {self.name} shows the last frame "
-                                "with silence until it catches up (hold).")
+            self.say("warning", f"live: generation is slower than real time; the stream to {self.name} shows the last "
+                                "frame with silence until it catches up (hold).")
         frame_ticks = Fraction(WIRE_CLOCK) / fps
         start_v, start_a = self._next_video, self._next_audio
         video = [WirePacket(True, data, start_v + round(i * frame_ticks), round(frame_ticks), key)
@@ -377,7 +380,8 @@ class PushSink:
         aac_ticks = Fraction(AAC_FRAME * WIRE_CLOCK, rate)
         count = max(0, round((video_ticks - self._hold_audio) / aac_ticks))
         silence = self._filler.silence()
-        audio = [WirePacket(False, silence, start_a + round(i * aac_ticks), round(aac_ticks), True) for i in range(count)]
+        audio = [WirePacket(False, silence, start_a + round(i * aac_ticks), round(aac_ticks), True)
+                 for i in range(count)]
         epoch = self._epoch
         for packet in sorted(video + audio, key=lambda p: p.pts):
             self._send(packet)
@@ -408,7 +412,8 @@ class PushSink:
             except AvatarRenderError as exc:
                 reason = str(exc).rstrip(".")
             if time.monotonic() >= deadline:
-                self._failed = AvatarRenderError(f"Lost the live stream to {self.name}: {reason}; gave up after {retry:g} s of retries.")
+                self._failed = AvatarRenderError(
+                    f"Lost the live stream to {self.name}: {reason}; gave up after {retry:g} s of retries.")
                 self.say("warning", f"{self._failed} The render goes on without it.")
                 return
         self.stats.reconnects += 1

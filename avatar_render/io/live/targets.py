@@ -56,7 +56,8 @@ def parse_target(text: str) -> LiveTarget:
             raise AvatarRenderError(f"The SRT target '{text}' must be srt://host:port (options after '?').")
         return LiveTarget("srt", text)
     if scheme:
-        raise AvatarRenderError(f"Live target '{text}': {scheme}:// is not supported; use rtmp://, srt://, a .m3u8 path or -.")
+        raise AvatarRenderError(
+            f"Live target '{text}': {scheme}:// is not supported; use rtmp://, srt://, a .m3u8 path or -.")
     if text.lower().endswith(".m3u8"):
         return LiveTarget("hls", text, path=Path(text))
     raise AvatarRenderError(
@@ -69,5 +70,6 @@ def parse_serve(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
     if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise AvatarRenderError(f"--serve '{text}' must be PORT or ADDR:PORT (a port from 0 to 65535; 0 picks a free one).")
+        raise AvatarRenderError(
+            f"--serve '{text}' must be PORT or ADDR:PORT (a port from 0 to 65535; 0 picks a free one).")
     return host, int(port)

@@ -138,7 +138,8 @@ def connect(target: LiveTarget, tracks: Tracks) -> Connection:
     assert target.kind == "srt"
     ffmpeg = shutil.which("ffmpeg")
     if ffmpeg is None:
-        raise AvatarRenderError("Sending to srt:// needs the ffmpeg command (e.g. apt-get install ffmpeg), which is not on the PATH.")
+        raise AvatarRenderError(
+            "Sending to srt:// needs the ffmpeg command (e.g. apt-get install ffmpeg), which is not on the PATH.")
     return _FfmpegPipe(target, tracks, ffmpeg)
 
 

@@ -101,7 +101,8 @@ class SwiftDiTModule(TorchModule):
                 if fp32_island(name):
                     p.data = p.data.float()
             g = torch.Generator().manual_seed(self.seed + 1)
-            self.prompt = torch.randn(self.config.prompt_tokens, self.config.text_dim, generator=g).to(self.device, self.dtype)
+            self.prompt = torch.randn(self.config.prompt_tokens, self.config.text_dim, generator=g).to(
+                self.device, self.dtype)
         if self.stream_blocks:
             self.streamer = BlockStreamer(self.net.blocks, self.device, ahead=self.stream_blocks)
             for name, child in self.net.transformer.named_children():
@@ -125,12 +126,13 @@ class SwiftDiTModule(TorchModule):
     def _read_prompt(self, path: Path) -> torch.Tensor:
         tensors = dict(read_tensors(path))
         if PROMPT_KEY not in tensors:
-            raise AvatarRenderError(f"{path.name} holds no '{PROMPT_KEY}' tensor, so it is not SwiftVR's prompt embedding.")
+            raise AvatarRenderError(
+                f"{path.name} holds no '{PROMPT_KEY}' tensor, so it is not SwiftVR's prompt embedding.")
         emb = tensors[PROMPT_KEY]
         emb = emb[0] if emb.ndim == 3 and emb.shape[0] == 1 else emb
         if emb.ndim != 2 or emb.shape[1] != self.config.text_dim:
-            raise AvatarRenderError(f"{path.name} has '{PROMPT_KEY}' of shape {tuple(tensors[PROMPT_KEY].shape)} where the "
-                                    f"{self.what} needs (1, L, {self.config.text_dim}).")
+            raise AvatarRenderError(f"{path.name} has '{PROMPT_KEY}' of shape {tuple(tensors[PROMPT_KEY].shape)} where "
+                                    f"the {self.what} needs (1, L, {self.config.text_dim}).")
         return emb.to(self.device, self.dtype)
 
     def load(self) -> None:

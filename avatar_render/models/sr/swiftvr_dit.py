@@ -108,7 +108,8 @@ def rope_angles(dims: tuple[int, int, int], grid: tuple[int, int, int], t_offset
     (D = sum of the time, height and width parts, each a repeated pair per frequency)."""
     parts_cos, parts_sin = [], []
     t, h, w = grid
-    for axis, (dim, positions) in enumerate(zip(dims, (torch.arange(t_offset, t_offset + t), torch.arange(h), torch.arange(w)))):
+    for axis, (dim, positions) in enumerate(zip(dims, (torch.arange(t_offset, t_offset + t), torch.arange(h),
+                                                       torch.arange(w)))):
         freqs = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64)[: dim // 2] / dim)
         angle = torch.outer(positions.to(torch.float64), freqs).repeat_interleave(2, dim=1)  # [n, dim]
         shape = [1, 1, 1, dim]

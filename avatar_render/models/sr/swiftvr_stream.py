@@ -97,8 +97,9 @@ class SwiftVRStream:
     def start(self) -> SwiftState:
         net = self.reae.model
         if self.reae.config.latent_channels != self.dit.config.channels:
-            raise AvatarRenderError(f"The SwiftVR autoencoder makes {self.reae.config.latent_channels}-channel latents and "
-                                    f"its DiT reads {self.dit.config.channels}: the two files are not from one model.")
+            raise AvatarRenderError(f"The SwiftVR autoencoder makes {self.reae.config.latent_channels}-channel latents "
+                                    f"and its DiT reads {self.dit.config.channels}: the two files are not from one "
+                                    "model.")
         dev = self.reae.compute_device
         w, h = self.lowres
         frames = torch.zeros(0, h, w, 3, dtype=torch.uint8, device=dev)
@@ -118,7 +119,8 @@ class SwiftVRStream:
         for a in range(0, frames.shape[0], n):
             z, state = encode(self.reae.model, self._pixels(frames[a : a + n]), state)
             out.append(z)
-        return torch.cat(out) if out else torch.zeros(0, *self._latent_shape, device=frames.device, dtype=self.reae.dtype), state
+        return (torch.cat(out) if out
+                else torch.zeros(0, *self._latent_shape, device=frames.device, dtype=self.reae.dtype)), state
 
     def _decode(self, latents: torch.Tensor, state: ReaeState) -> tuple[torch.Tensor, ReaeState]:
         out = []
