@@ -146,6 +146,7 @@ def test_channels_in_no_known_order_are_averaged(tmp_path: Path, channels: int) 
     assert np.allclose(model, expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_minute_of_mp3_streams_whole(tmp_path: Path) -> None:
     path = write_audio(tmp_path / "minute.mp3", speech_like(60.0, 44100, 2), 44100)
     with AudioReader(path, fps=FPS) as reader:

@@ -58,6 +58,7 @@ def six(tmp_path_factory, face_png):
     return d, first
 
 
+@pytest.mark.slow
 def test_six_jobs_two_broken(six):
     d, done = six
     out = d / "out"
@@ -88,6 +89,7 @@ def test_six_jobs_two_broken(six):
     assert all(f'href="{n}.mp4"' in page for n in GOOD) and page.count(">failed<") == 2
 
 
+@pytest.mark.slow
 def test_second_run_skips_the_done_jobs_and_touches_none(six):
     d, _ = six
     out = d / "out"
@@ -100,6 +102,7 @@ def test_second_run_skips_the_done_jobs_and_touches_none(six):
     assert all(by_name(record)[n]["frames"] == 25 for n in GOOD)
 
 
+@pytest.mark.slow
 def test_other_config_refuses_then_force_renders_again(six, tmp_path):
     d, _ = six
     out = tmp_path / "out"
@@ -121,6 +124,7 @@ def test_other_config_refuses_then_force_renders_again(six, tmp_path):
             (tmp_path / f"{name}.wav").rename(d / "jobs" / f"{name}.wav")
 
 
+@pytest.mark.slow
 def test_killed_job_is_resumed_by_the_next_run(tmp_path, face_png):
     """SIGKILL of the process rendering one job: the batch reports it and goes on with the other; the
     next run resumes it from its journal, and its frames are those of an uninterrupted render."""
@@ -149,6 +153,7 @@ def test_killed_job_is_resumed_by_the_next_run(tmp_path, face_png):
     assert frames_of(out / "long.mp4") == 75 and not (out / "long.partial.mp4").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_after_the_current_chunk_and_the_next_run_resumes(tmp_path, face_png):
     jobs = make_jobs(tmp_path / "jobs", face_png, ["a", "b", "c"], seconds=2.0)
     out = tmp_path / "out"
@@ -183,6 +188,7 @@ def media(tmp_path_factory, face_png):
     return d
 
 
+@pytest.mark.slow
 def test_manifest_rows_with_overrides_and_prompts(media):
     (media / "jobs.csv").write_text(
         "ref,audio,output,overrides,prompt\n"
@@ -298,6 +304,7 @@ def test_folder_pairs_by_stem_and_lists_the_rest(tmp_path, face_png):
 # -- shards -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_shards_are_disjoint_and_cover_the_manifest(tmp_path):
     media = tmp_path / "m"
     (media / "in").mkdir(parents=True)
@@ -337,6 +344,7 @@ def test_shards_are_disjoint_and_cover_the_manifest(tmp_path):
         slurm_shard({"SLURM_ARRAY_TASK_ID": "9", "SLURM_ARRAY_TASK_COUNT": "4"})
 
 
+@pytest.mark.slow
 def test_each_job_under_torchrun_over_several_processes(tmp_path, face_png):
     """--procs-per-job 2: each job is one request across two processes (the GPU variant's path; here
     gloo on the CPU with the tiny diffusion model)."""

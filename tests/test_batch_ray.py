@@ -102,6 +102,7 @@ def end_group(leader: subprocess.Popen, grace_s: float = 3.0) -> None:
     leader.wait()
 
 
+@pytest.mark.slow
 def test_ray_renders_the_local_bytes_even_when_a_worker_dies(tmp_path, face_png, ray_head):
     jobs = make_jobs(tmp_path / "jobs", face_png, NAMES, seconds=2.0)
     local = batch(jobs, "--out", tmp_path / "local", "--jobs", "2", *SMALL, cwd=tmp_path)
@@ -150,6 +151,7 @@ def frames_of(path: Path) -> int:
         return sum(1 for _ in c.decode(video=0))
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_ray_tasks_after_their_chunk_and_the_next_run_resumes(tmp_path, face_png, ray_head):
     jobs = make_jobs(tmp_path / "jobs", face_png, ["s1", "s2", "s3", "s4"], seconds=3.0)
     out = tmp_path / "out"

@@ -47,6 +47,7 @@ def test_loop_speech_is_exactly_as_long_as_asked(tmp_path):
         assert w.getnframes() == 36000 and w.getframerate() == 16000
 
 
+@pytest.mark.slow
 def test_bench_cli_writes_table_json_and_plots(tmp_path, face_png):
     speech = write_audio(tmp_path / "talk.wav", speech_like(1.0, 16000), 16000)
     out_dir = tmp_path / "results"
@@ -79,6 +80,7 @@ def test_bench_cli_reports_an_unknown_backend(tmp_path, face_png):
     assert "nosuch" in done.stderr and done.stderr.strip().startswith("Error:")
 
 
+@pytest.mark.slow
 def test_telemetry_cost_counts_calls_and_prices_them(tmp_path, face_png):
     from avatar_render.metrics.telemetry_cost import measure
 

@@ -40,6 +40,7 @@ def test_render_writes_mp4_and_report(tmp_path, face_png, speech):
     assert sum(c["end"] - c["start"] for c in rep["chunks"]) == 30
 
 
+@pytest.mark.slow
 def test_bad_inputs(tmp_path, face_png, speech):
     text_png = tmp_path / "notes.png"
     text_png.write_text("not an image")
@@ -76,6 +77,7 @@ def test_existing_output_needs_force(tmp_path, face_png, speech):
     assert out.read_bytes() == b"my old video"
 
 
+@pytest.mark.slow
 def test_doctor_lists_codecs_and_backends():
     done = cli("doctor")
     assert done.returncode == 0, done.stderr

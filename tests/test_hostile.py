@@ -251,6 +251,7 @@ def test_hours_of_audio_stream_in_constant_memory(media, tmp_path):
     assert seen[-1].frames_total == 3 * 3600 * 25 and stopped.value.frames == seen[-1].frames_done == 100
 
 
+@pytest.mark.slow
 def test_huge_reference_does_not_exhaust_memory(media, tmp_path):
     big = flat_png(tmp_path / "big.png", 12_000, 12_000)  # 144 Mpx: 432 MB as RGB
     probe = ("import atexit, resource, sys\n"

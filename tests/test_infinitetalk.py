@@ -38,6 +38,7 @@ def speech(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("transition,mode,chunk,vae", [(0, "latents", 16, "float32"), (8, "latents", 16, "float32"),
                                                      (0, "reencode", 16, "bfloat16"), (0, "latents", 4, "float32")])
+@pytest.mark.slow
 def test_tiny_random_weights_render(tmp_path, face_png, speech, transition, mode, chunk, vae):
     cfg = tiny_config("model.steps=2", f"chunk.transition_frames={transition}", f"model.context_mode={mode}",
                       f"chunk.chunk_frames={chunk}", f"model.vae_dtype={vae}")

@@ -57,6 +57,7 @@ def _render(tmp: Path, seconds: float, *args: str, timeout: float = 240) -> subp
                           timeout=timeout)
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_rtmp_listener_gets_every_frame_paced_while_rendering(tmp_path: Path) -> None:
     port = free_port()
@@ -77,6 +78,7 @@ def test_rtmp_listener_gets_every_frame_paced_while_rendering(tmp_path: Path) ->
     assert time.time() - start >= 6.0  # paced at wall-clock speed: six seconds of video take six seconds
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_srt_listener_gets_every_frame(tmp_path: Path) -> None:
     port = free_port(2)  # UDP
@@ -93,6 +95,7 @@ def test_srt_listener_gets_every_frame(tmp_path: Path) -> None:
     assert first.at is not None and first.at < out.stat().st_mtime
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_served_hls_followed_by_ffmpeg_while_rendering(tmp_path: Path) -> None:
     audio = speech(tmp_path / "speech.wav", 12.0)
@@ -128,6 +131,7 @@ def _get(url: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium)")
 def test_watch_page_plays_in_chromium_while_rendering(tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="needs Playwright (pip install -e '.[test]')")
@@ -184,6 +188,7 @@ def test_a_refusing_server_is_one_sentence(tmp_path: Path) -> None:
                                      "connection refused.")
 
 
+@pytest.mark.slow
 def test_bad_targets_and_options_are_one_sentence(tmp_path: Path) -> None:
     cases = {("--live", "http://x/y"): "http:// is not supported",
              ("--live", "out.flv"): "is not a live target",
@@ -200,6 +205,7 @@ def test_bad_targets_and_options_are_one_sentence(tmp_path: Path) -> None:
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_hls_playlist_continues_after_a_stop_and_resume(tmp_path: Path) -> None:
     audio = speech(tmp_path / "speech.wav", 12.0)
@@ -242,6 +248,7 @@ def _fragments(spec: WriterSpec, chunks: int, frames: int):
     yield encoder, encoder.finish(at_gop_start=True)
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 @pytest.mark.parametrize("policy", ["stall", "hold", "preroll"])
 def test_underrun_policies_against_a_listener(tmp_path: Path, policy: str) -> None:
@@ -274,6 +281,7 @@ def test_underrun_policies_against_a_listener(tmp_path: Path, policy: str) -> No
         assert any("pre-roll" in m for m in messages)
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_a_dropped_connection_is_retried_and_the_file_completes(tmp_path: Path) -> None:
     port = free_port()

@@ -276,6 +276,7 @@ def cli(*args):
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_inspect_cli_on_a_real_render(small_render, face_png, tmp_path):
     out, report, speech = small_render
     plot, js = tmp_path / "m.png", tmp_path / "m.json"

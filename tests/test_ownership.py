@@ -177,6 +177,7 @@ main()
 """
 
 
+@pytest.mark.slow
 def test_killed_while_moving_into_place_then_resumed(d):
     args = ["render", "--ref", str(d / "face.png"), "--audio", str(d / "talk.wav"), *TINY]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -241,6 +241,7 @@ def test_chunk_loop_resumes_exactly_from_every_checkpoint(tmp_path, face_png, tr
                 assert got.plans_done == want.plans_done and got.last_plan == want.last_plan
 
 
+@pytest.mark.slow
 def test_fast_forward_keeps_the_audio_a_resumed_loop_reads(tmp_path, face_png):
     """Far into a long input, with wide audio margins (3 s each side, as diffusion backends use): the
     audio before the resume point is decoded and dropped, yet the writer's replay and the next chunks'
@@ -300,6 +301,7 @@ def test_killed_twice_then_resumed(work, face_png):
     assert_same_as_reference(d, "twice", work)
 
 
+@pytest.mark.slow
 def test_full_disk_ends_cleanly_and_resumes(work, face_png):
     d, audio, hashes, (frames, _) = work
     limit = (d / "ref.mp4").stat().st_size // 2
@@ -316,6 +318,7 @@ def test_full_disk_ends_cleanly_and_resumes(work, face_png):
     assert_same_as_reference(d, "disk", work)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root")
 def test_no_space_left_on_a_small_filesystem(work, face_png, tmp_path):
     d, audio, _, _ = work
@@ -366,6 +369,7 @@ def interrupted(d: Path, face: Path, audio: Path, name: str) -> int:
     return stopped.value.frames
 
 
+@pytest.mark.slow
 def test_resume_refuses_other_inputs_or_config(work, face_png, tmp_path):
     d, audio, hashes, _ = work
     frames = interrupted(tmp_path, face_png, audio, "o.mp4")
@@ -392,6 +396,7 @@ def test_resume_refuses_other_inputs_or_config(work, face_png, tmp_path):
     assert report.resumed_frames == frames and chunk_hashes(tmp_path / "o.json") == hashes
 
 
+@pytest.mark.slow
 def test_damaged_partial_or_journal_is_refused_then_force_starts_over(work, face_png, tmp_path):
     d, audio, hashes, _ = work
     interrupted(tmp_path, face_png, audio, "b.mp4")
@@ -428,6 +433,7 @@ def test_journal_is_cheap_and_small(work, face_png, tmp_path):
 # -- determinism -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_same_inputs_same_frames_in_one_process_and_across_runs(work, face_png, tmp_path):
     _, audio, hashes, _ = work  # `hashes` come from a render in another process
     for name in ("d1", "d2"):
@@ -435,6 +441,7 @@ def test_same_inputs_same_frames_in_one_process_and_across_runs(work, face_png, 
         assert chunk_hashes(tmp_path / f"{name}.json") == hashes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("more", [(), ("chunk.first_frames=4", "run.overlap_decode=true")])
 def test_diffusion_loop_resumes_exactly_and_checkpoints_hold_latents_not_the_decoder_cache(tmp_path, face_png, more):
     """The tiny diffusion backend over 8 s (200 frames, 50 latents: past the decoder's 39-latent

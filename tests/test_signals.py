@@ -33,6 +33,7 @@ def stderr_lines(done) -> list[str]:
     return [line for line in done.stderr.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_first_signal_finishes_the_chunk_and_keeps_a_resumable_file(work, face_png, sig, code):
     d, audio, _, _ = work
@@ -55,6 +56,7 @@ def test_first_signal_finishes_the_chunk_and_keeps_a_resumable_file(work, face_p
     assert_same_as_reference(d, name, work)
 
 
+@pytest.mark.slow
 def test_second_ctrl_c_stops_at_once(work, face_png):
     d, audio, _, _ = work
     done = driver([6, 6], signal.SIGINT, *render_args(face_png, audio, "twice.mp4"), cwd=d, delay=DELAY)

@@ -31,6 +31,7 @@ def free_ports(n: int) -> list[int]:
 @pytest.mark.skipif(
     bool(MISSING), reason=f"Slurm is not installed (no {', '.join(MISSING)}): apt-get install -y slurm-wlm munge"
 )
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the single-node Slurm's daemons run as root")
 def test_slurm_array_over_a_manifest(tmp_path):
     ctld, slurmd = free_ports(2)

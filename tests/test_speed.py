@@ -54,6 +54,7 @@ def frames(items: list) -> np.ndarray:
     return np.concatenate([p.frames for p in items if isinstance(p, Published)])
 
 
+@pytest.mark.slow
 def test_first_frame_goes_out_before_any_sampling_and_a_short_first_chunk_cuts_the_wait(face_png, speech):
     telemetry = Telemetry(keep_records=False)
     long = [x for x in render(face_png, speech, telemetry=telemetry) if isinstance(x, tuple)]
@@ -70,12 +71,14 @@ def test_first_frame_goes_out_before_any_sampling_and_a_short_first_chunk_cuts_t
     assert np.array_equal(long[0][0].frames, short[0][0].frames)
 
 
+@pytest.mark.slow
 def test_cached_cross_attention_keys_and_values_give_the_same_frames(face_png, speech):
     cached = render(face_png, speech)
     assert np.array_equal(frames(cached), frames(render(face_png, speech, "model.cache_kv=false")))
     assert all(c.state.carries[1].kv is None for c in cached if isinstance(c, Checkpoint))  # never saved
 
 
+@pytest.mark.slow
 def test_decode_beside_the_next_chunks_sampling_gives_the_same_items(face_png, speech):
     plain = render(face_png, speech, "chunk.first_frames=4")
     overlapped = render(face_png, speech, "chunk.first_frames=4", "run.overlap_decode=true")

@@ -55,6 +55,7 @@ def speech(tmp_path_factory) -> Path:
     (("model.sr=vae2x",), {"decode", "sr"}),
     (("model.sr_fidelity=vae2x", "chunk.transition_frames=8"), {"decode", "decode2x", "sr"}),
 ])
+@pytest.mark.slow
 def test_tiny_sr_render_writes_the_output_size_and_times_an_sr_stage(tmp_path, face_png, speech, overrides, stages):
     out, report = tmp_path / "o.mp4", tmp_path / "r.json"
     rep = render(RenderRequest(reference=face_png, audio=speech, output=out, config=sr_config(*overrides),
@@ -88,6 +89,7 @@ def test_sr_weights_come_from_local_folders_when_the_model_does(tmp_path):
         build_pipeline(sr_config("model.sr=vae2x", f"model.vae2x={tmp_path / 'nowhere'}"))
 
 
+@pytest.mark.slow
 def test_sr_stages_read_their_published_folders(tmp_path, face_png, speech):
     write_swiftvr(tmp_path / "SwiftVR")
     write_vae2x(tmp_path / "Wan2.1-VAE-upscale2x", "diffusers")
@@ -257,6 +259,7 @@ def test_doctor_lists_the_sr_files_and_says_which_path_is_unset(tmp_path):
     assert not row.ok and "set model.vae2x" in row.detail
 
 
+@pytest.mark.slow
 def test_sr_dit_streamed_from_host_memory_gives_the_resident_frames(tmp_path, face_png):
     audio = write_audio(tmp_path / "a.wav", speech_like(1.0, 16000, seed=4), 16000)
     frames = {}
