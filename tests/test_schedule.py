@@ -39,24 +39,23 @@ def first_fits(first, lead, trans):
     return first is None or (lead + first >= 1 and (trans == 0 or lead + first >= trans // 2 + 1))
 
 
-@pytest.mark.parametrize("total,chunk,trans,ctx", CASES)
-@pytest.mark.parametrize("lead", [0, 1, 3])
-@pytest.mark.parametrize("first", [None, 4, 12])
+def fitting(leads: list[int]) -> list[tuple]:
+    """CASES with a lead and a first chunk, where the first chunk fits (the pipeline refuses the rest:
+    tests/test_speed.py checks that refusal)."""
+    return [(*case, lead, first) for case in CASES for lead in leads for first in (None, 4, 12)
+            if first_fits(first, lead, case[2])]
+
+
+@pytest.mark.parametrize("total,chunk,trans,ctx,lead,first", fitting([0, 1, 3]))
 def test_every_frame_published_once_in_order(total, chunk, trans, ctx, lead, first):
-    if not first_fits(first, lead, trans):
-        pytest.skip("first chunk too short for this transition")
     plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx, lead_frames=lead,
                     first_frames=first)
     assert simulate_publication(plan) == list(range(total))
     assert sum(e.last for e in plan) == 1 and plan[-1].last
 
 
-@pytest.mark.parametrize("total,chunk,trans,ctx", CASES)
-@pytest.mark.parametrize("lead", [0, 1])
-@pytest.mark.parametrize("first", [None, 4, 12])
+@pytest.mark.parametrize("total,chunk,trans,ctx,lead,first", fitting([0, 1]))
 def test_n_and_i_structure(total, chunk, trans, ctx, lead, first):
-    if not first_fits(first, lead, trans):
-        pytest.skip("first chunk too short for this transition")
     plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx, lead_frames=lead,
                     first_frames=first)
     ns = [e for e in plan if e.kind == "N"]

@@ -109,6 +109,13 @@ def test_gpu_only_levers_are_one_sentence_on_a_cpu(face_png, key):
         build_pipeline(cfg, single())
 
 
+def test_a_first_chunk_too_short_for_the_transition_is_one_sentence():
+    cfg = load_config(ROOT / "configs" / "tiny.yaml",
+                      ("chunk.first_frames=4", "chunk.chunk_frames=32", "chunk.transition_frames=16"))
+    with pytest.raises(AvatarRenderError, match=r"'chunk.first_frames' \(4\) is too short .* at least \d+ frames"):
+        build_pipeline(cfg, single())
+
+
 def test_dit_pass_with_cached_keys_and_values_is_exact():
     c = architectures("tiny").dit
     net = materialize_random(build_dit(c), dtype=torch.float32).eval()
