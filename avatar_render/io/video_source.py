@@ -123,24 +123,26 @@ class SourceTimeline:
         return max(1, math.ceil(self.info.duration * self.fps))
 
     def source_index(self, frame: int) -> int:
-        """The source frame shown at output frame ``frame``: the one on screen at that time (exact rationals)."""
+        """The source frame shown at output frame ``frame``: the one on screen at that time (exact, in the
+        stream's ticks). ``loop`` plays the frames forwards, then backwards from the last but one to the
+        second, each as long as it lasts forwards: no frame repeated at a turn, no jump."""
         info = self.info
         n = info.num_frames
-        t = Fraction(frame) / self.fps  # seconds from the start
         if n == 1:
             return 0
-        span = info.duration
+        times = info.pts - info.pts[0]  # (N,) ticks from the first frame
+        end = info.end_pts - int(info.pts[0])  # when the last frame ends
+        tick = math.floor(Fraction(frame) / self.fps / info.time_base)
         if self.timing == "loop":
-            # Ping-pong over the frames' times: forwards, then backwards, without repeating the end frames.
-            first, last = info.pts[0], info.pts[-1]
-            period = 2 * (last - first) * info.time_base
-            u = t % period
-            half = (last - first) * info.time_base
-            t = u if u <= half else period - u
-        elif t >= span:  # hold (and trim, past its end)
+            period = 2 * end - int(times[1]) - (end - int(times[-1]))  # forwards, then frames N-2 .. 1
+            u = tick % period
+            if u >= end:  # backwards: frame i lasts [T[N-1] - T[i+1], T[N-1] - T[i]) after the end
+                x = int(times[-1]) - (u - end)
+                return int(np.searchsorted(times, x, side="left")) - 1
+            tick = u
+        elif tick >= end:  # hold (and trim, past its end)
             return n - 1
-        target = int(info.pts[0]) + math.floor(t / info.time_base)
-        return int(np.clip(np.searchsorted(info.pts, target, side="right") - 1, 0, n - 1))
+        return int(np.clip(np.searchsorted(times, tick, side="right") - 1, 0, n - 1))
 
     def indices(self, start: int, end: int) -> np.ndarray:
         """(end - start,) int64 source frames of output frames [start, end)."""

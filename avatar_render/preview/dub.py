@@ -22,7 +22,7 @@ import numpy as np
 from avatar_render.errors import AvatarRenderError
 from avatar_render.face import mesh as fm
 from avatar_render.face.detect import FaceDetector
-from avatar_render.face.fit import fit_to_frame
+from avatar_render.face.fit import Fit, fit_to_frame
 from avatar_render.face.landmarks import LandmarkModel
 from avatar_render.face.layout import Box
 from avatar_render.files import shown
@@ -187,12 +187,45 @@ def fitted_frame(src: DubSource, index: int, frame: np.ndarray | None = None) ->
     if frame is None:
         ((_, frame),) = tuple(src.reader.read([index]))
     focus = src.track.focus(index)
-    image, fit = fit_to_frame(frame, src.width, src.height, focus=focus)
+    image, fit = fit_moving(frame, src.width, src.height, focus=focus)
     mesh = None
     if focus is not None and src.landmarks is not None:
         mesh = src.landmarks.from_box(image, Box(*focus).scaled(fit))
     src.cache.put(index, (image, mesh))
     return image, mesh
+
+
+def fit_moving(frame: np.ndarray, width: int, height: int, *,
+               focus: tuple[float, float, float, float] | None) -> tuple[np.ndarray, Fit]:
+    """``fit_to_frame`` for a crop that moves from frame to frame: the same crop size and placement, but at
+    a fractional position (a whole-pixel crop would step a pixel on some frames and not on others: judder)."""
+    if focus is None:
+        return fit_to_frame(frame, width, height)
+    src_h, src_w = frame.shape[:2]
+    if src_w * height >= src_h * width:
+        crop_h, crop_w = src_h, min(src_w, max(1, round(src_h * width / height)))
+    else:
+        crop_w, crop_h = src_w, min(src_h, max(1, round(src_w * height / width)))
+    fx, fy, fw, fh = focus
+    x0 = _place(fx + fw / 2 - 0.5 * crop_w, fx, fw, crop_w, src_w)
+    y0 = _place(fy + fh / 2 - 0.45 * crop_h, fy, fh, crop_h, src_h)
+    scale = (width / crop_w + height / crop_h) / 2
+    size = (max(1, round(src_w * scale)), max(1, round(src_h * scale)))
+    small = frame if size == (src_w, src_h) else cv2.resize(
+        frame, size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_CUBIC)
+    # (pixel-edge coordinates: output x = source x * scale - offset, the same offset in cv2's centre convention)
+    shift = np.array([[1, 0, -x0 * scale], [0, 1, -y0 * scale]], np.float32)
+    out = cv2.warpAffine(small, shift, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    return out, Fit(scale=scale, offset_x=x0 * scale, offset_y=y0 * scale)
+
+
+def _place(desired: float, start: float, size: float, crop: int, total: int) -> float:
+    """Crop origin along one axis, fractional: ``desired``, moved to keep [start, start + size) inside, clamped."""
+    lo, hi = 0.0, float(total - crop)
+    keep_lo, keep_hi = start + size - crop, start
+    if max(lo, keep_lo) <= min(hi, keep_hi):
+        lo, hi = max(lo, keep_lo), min(hi, keep_hi)
+    return float(min(max(desired, lo), hi))
 
 
 def render_dub(src: DubSource, start: int, params: np.ndarray) -> Frames:
