@@ -18,7 +18,6 @@ import numpy as np
 
 from avatar_render.face import mesh as fm
 from avatar_render.face.detect import FaceDetector
-from avatar_render.face.fit import fit_to_frame
 from avatar_render.face.landmarks import LandmarkModel, find_model
 from avatar_render.io.reference import open_reference
 from avatar_render.io.video_source import VideoReference

@@ -37,6 +37,7 @@ SMOOTH_S = 0.3  # the crop follows the face through a Gaussian of this sigma, se
 MIN_FACE_SHARE = 0.5  # fewer sampled frames with a face than this: refused
 _RING = 1.35  # fixed vertices on the face outline scaled by this about its centre (the warp fades inside)
 _DETECT_SIDE = 480  # frames are searched for the face at most this large
+_SEAM_OPEN = 0.15  # below this audio opening, the seam of a shut source mouth is painted over with its lips
 
 
 @dataclass(frozen=True, eq=False)
@@ -283,9 +284,10 @@ def redub(image: np.ndarray, mesh: fm.FaceMesh, rig: DubRig, open_: float, width
     own = source_opening(mesh)
     target = max(open_, 0.0)
     delta = target - own
-    disp = shape.jaw * delta + (shape.spread * width if width > 0 else shape.round * -width)
-    if open_ < 0:  # lips pressed: what is left of the gap closes
-        disp = disp + shape.seal * (-open_) * (1.0 if own <= 0 else 0.0)
+    # The source's mouth shut: its jaw raised by its own opening, what gap is left at each pair of inner lip
+    # points sealed (both lips half way, the outer contours with them); then the audio's mouth on top.
+    disp = shape.jaw * -own + _residual_seal(vertices + shape.jaw * -own, mesh)
+    disp = disp + shape.jaw * target + (shape.spread * width if width > 0 else shape.round * -width)
     moved = vertices + disp
     moving = np.abs(disp).max(axis=1) > 1e-3
     tris = rig.triangles[(rig.triangles < len(vertices)).all(axis=1)]
@@ -303,6 +305,42 @@ def redub(image: np.ndarray, mesh: fm.FaceMesh, rig: DubRig, open_: float, width
               borderMode=cv2.BORDER_REPLICATE)
     if delta > 0.02:
         _shade_gap(out, mesh, moved, rect, min(1.0, delta / max(target, 1e-3)))
+    elif own > 0.05 and target < _SEAM_OPEN:
+        _lip_seam(out, mesh, moved, rect, 1.0 - target / _SEAM_OPEN)
+    return out
+
+
+def _lip_seam(out: np.ndarray, mesh: fm.FaceMesh, moved: np.ndarray, rect: Rect, amount: float) -> None:
+    """Where an open source mouth was shut, its teeth and dark interior are squashed into a line between the
+    lips: paint that line with the lips' own colour (a soft band along the closed inner contour)."""
+    line = np.concatenate([moved[list(fm.LIPS_INNER_UPPER)], moved[list(fm.LIPS_INNER_LOWER)][::-1]])
+    band = max(1.0, 0.05 * mesh.mouth_width())
+    mask = np.zeros((rect.h, rect.w), np.uint8)
+    pts = np.round((line - (rect.x0, rect.y0) - 0.5) * 16).astype(np.int32)
+    cv2.polylines(mask, [pts], True, 255, thickness=max(1, int(round(2 * band))), lineType=cv2.LINE_AA, shift=4)
+    a = cv2.GaussianBlur(mask.astype(np.float32) / 255, (0, 0), band / 2)[..., None] * np.float32(amount)
+    lips = mesh.at(fm.LIPS_OUTER_LOWER[2:-2] + fm.LIPS_OUTER_UPPER[2:-2])
+    centre = mesh.at(fm.LIPS_INNER_LOWER[2:-2] + fm.LIPS_INNER_UPPER[2:-2])
+    h, w = out.shape[:2]
+    pick = (0.5 * (lips + centre[: len(lips)])).astype(int)  # half way into each lip: its colour, not the gap's
+    xs, ys = np.clip(pick[:, 0], 0, w - 1), np.clip(pick[:, 1], 0, h - 1)
+    colour = np.median(out[ys, xs].astype(np.float32), axis=0)
+    region = out[rect.slices].astype(np.float32)
+    out[rect.slices] = np.clip(region + a * (colour - region) + 0.5, 0, 255).astype(np.uint8)
+
+
+def _residual_seal(closed: np.ndarray, mesh: fm.FaceMesh) -> np.ndarray:
+    """(N, 2) displacements that close what gap is left between the inner lips of ``closed`` (N, 2)."""
+    _, ey = mesh.axes()
+    out = np.zeros_like(closed)
+    for k in range(1, len(fm.LIPS_INNER_UPPER) - 1):
+        iu, il = fm.LIPS_INNER_UPPER[k], fm.LIPS_INNER_LOWER[k]
+        gap = float((closed[il] - closed[iu]) @ ey)
+        if gap <= 0:
+            continue
+        half = 0.5 * gap * ey
+        out[iu], out[il] = half, -half
+        out[fm.LIPS_OUTER_UPPER[k]], out[fm.LIPS_OUTER_LOWER[k]] = 0.5 * half, -0.5 * half
     return out
 
 
