@@ -171,6 +171,7 @@ class SourceFrames:
             self._seek(first)
         pending = iter(todo)
         want = next(pending)
+        rewound = False
         while True:
             index, frame = self._decode_next()
             if index is None:
@@ -179,9 +180,13 @@ class SourceFrames:
                     "it is cut or corrupt (re-encode it).")
             if index < want:
                 continue
-            if index > want:  # a frame the decoder skipped: the one on screen then is the one before
-                raise AvatarRenderError(
-                    f"The reference video {shown(self.info.path)} lost frame {want} when decoded; re-encode it.")
+            if index > want:  # the seek landed past it (a container without a usable index): from the start
+                if rewound:
+                    raise AvatarRenderError(
+                        f"The reference video {shown(self.info.path)} lost frame {want} when decoded; re-encode it.")
+                self._seek(0)
+                rewound = True
+                continue
             yield index, self._upright(frame)
             want = next(pending, None)
             if want is None:

@@ -233,11 +233,18 @@ def render_dub(src: DubSource, start: int, params: np.ndarray) -> Frames:
     """Output frames [start, start + len(params)): each source frame at its time, its mouth moved to the
     row's (open, width). params: (T, len(PARAMS)) float32."""
     indices = src.video.timeline.indices(start, start + len(params))
-    missing = [int(i) for i in np.unique(indices) if src.cache.get(int(i)) is None]
-    decoded = dict(src.reader.read(missing)) if missing else {}
+    # The segment's frames fitted as they are decoded (a chunk's worth at the output size, whatever the
+    # cache keeps), so no source-size frame is held longer than its own fitting.
+    fitted = {}
+    for i in np.unique(indices):
+        item = src.cache.get(int(i))
+        if item is not None:
+            fitted[int(i)] = item
+    for i, frame in src.reader.read([int(i) for i in np.unique(indices) if int(i) not in fitted]):
+        fitted[i] = fitted_frame(src, i, frame)
     out = np.empty((len(params), src.height, src.width, 3), np.uint8)  # (T, H, W, 3)
     for k, (index, row) in enumerate(zip(indices, params)):
-        image, mesh = fitted_frame(src, int(index), decoded.get(int(index)))
+        image, mesh = fitted[int(index)]
         if src.rig is None or mesh is None or mesh.mouth_width() < 8:
             out[k] = image
         else:
