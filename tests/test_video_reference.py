@@ -15,6 +15,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+from PIL import Image
 
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
@@ -26,6 +27,7 @@ from avatar_render.io.reference import open_reference
 from avatar_render.io.video_source import SourceFrames, SourceTimeline, probe_source
 from avatar_render.job.setup import request_input
 from avatar_render.metrics.inspect import inspect_video
+from avatar_render.pipeline.types import ChunkInput
 from avatar_render.preview.engine import build_preview
 from tests.media import speech_like, write_audio
 
@@ -111,8 +113,7 @@ def test_a_rotated_phone_video_is_turned_upright(media):
     assert first.shape == (240, 180, 3) and video.info.turns == 1 and (video.info.width, video.info.height) == (180, 240)
     _, frame = next(SourceFrames(video.info).read([3]))
     assert frame.shape == (240, 180, 3)
-    want = make_reference_video.camera_frame(np.asarray(__import__("PIL.Image").Image.open(make_reference_video.FACE)
-                                                        .convert("RGB")), 0.0, 180, 240)
+    want = make_reference_video.camera_frame(np.asarray(Image.open(make_reference_video.FACE).convert("RGB")), 0.0, 180, 240)
     assert np.abs(first.astype(int) - want).mean() < 8  # (upright: turned the other way it is ~100 off)
 
 
@@ -141,15 +142,15 @@ def test_audio_shorter_than_the_video_and_trim(media):
 def test_the_source_mouth_motion_is_taken_out(media, tmp_path):
     """A talking take (the preview's own render of the photo, mouth moving) dubbed with silence: the
     output's mouth hardly moves, while the source's did."""
+    if find_model("auto") is None:
+        pytest.skip("the face landmark model is not installed (scripts/fetch_face_model.py)")
     talk = tmp_path / "talking.mp4"
     cfg = load_config(None, ("video.width=256", "video.height=256", "preview.head_motion=0"))
     render(RenderRequest(reference=ROOT / "examples" / "face.png", audio=media / "long.wav", output=talk, config=cfg))
     dubbed = tmp_path / "quiet.mp4"
     cfg = load_config(None, ("video.width=256", "video.height=256", "reference.timing=trim"))
     render(RenderRequest(reference=talk, audio=media / "silence.wav", output=dubbed, config=cfg))
-    model = LandmarkModel(find_model("auto")) if find_model("auto") else None
-    if model is None:
-        pytest.skip("the face landmark model is not installed (scripts/fetch_face_model.py)")
+    model = LandmarkModel(find_model("auto"))
     box = FaceDetector().detect(frames_of(talk)[0]).face
 
     def openings(path: Path) -> np.ndarray:
@@ -254,7 +255,6 @@ def test_tiny_diffusion_backend_conditions_each_chunk_on_its_source_frame(media)
 
     from avatar_render.distributed.mesh import single
     from avatar_render.job.setup import build_pipeline
-    from avatar_render.pipeline.schedule import ChunkPlan  # noqa: F401 - (the plans come from the pipeline)
 
     cfg = load_config(ROOT / "configs" / "tiny.yaml")
     pipe = build_pipeline(cfg, single())
@@ -265,8 +265,6 @@ def test_tiny_diffusion_backend_conditions_each_chunk_on_its_source_frame(media)
         plans = list(pipe._plans(reader))[:3]
         windows = []
         for plan in plans:
-            from avatar_render.pipeline.types import ChunkInput
-
             x = ChunkInput(plan=plan, fps=pipe.fps, audio=reader.model_audio(plan.start, plan.end, pad_s=pipe.audio_pad_s),
                            audio_rate=pipe.audio_rate, audio_pad_s=pipe.audio_pad_s, anchors=(), seed=0)
             windows.append(context.run(x, static=static, carry=None)[0])

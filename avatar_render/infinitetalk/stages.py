@@ -150,7 +150,7 @@ class AudioContext(Stage[ChunkInput, AudioWindow]):
         noise = _NOISE.submit(chunk_noise, seed, (16, num_latents, *self.latent_hw))  # while the encoder runs
         feats = self.audio.encode(window, num_frames=num_frames, pad_s=AUDIO_MARGIN_S, first_frame=first, fps=fps)
         cond = clip = None
-        if static.video is not None and x.plan.start > 0 and self.vae is not None and self.image is not None:
+        if self.vae is not None and self.image is not None and x.plan.start > 0 and static.video is not None:
             cond, clip = static.video.condition(x.plan.start, vae=self.vae, image=self.image)
         return AudioWindow(chunk=x, first_frame=first, features=feats[None], noise=noise.result(), cond=cond,
                            clip_fea=clip), None
