@@ -130,6 +130,24 @@ def test_dub_keeps_the_motion_outside_the_mouth_and_loops_without_a_jump(media):
     assert s.wrap_ratio is not None and s.wrap_ratio <= 1.5
 
 
+def test_the_dubbed_mouth_follows_the_new_speech(media, tmp_path):
+    """A take held still (so the mouth is measured where it is): the dub's mouth moves with the new
+    audio's loudness, from the take's own quietest moment as the rest."""
+    still = tmp_path / "still.mp4"
+    frame = make_reference_video.camera_frame(np.asarray(Image.open(make_reference_video.FACE).convert("RGB")), 0.0, 240, 180)
+    with av.open(str(still), "w") as c:
+        s = c.add_stream("libx264", rate=25)
+        s.width, s.height, s.pix_fmt = 240, 180, "yuv420p"
+        for _ in range(25):
+            for p in s.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                c.mux(p)
+        for p in s.encode(None):
+            c.mux(p)
+    do_render(tmp_path, str(still), str(media / "long.wav"), "still_dub.mp4")
+    r = inspect_video(tmp_path / "still_dub.mp4", report=tmp_path / "still_dub.mp4.json", reference=still)
+    assert r.mouth is not None and r.mouth.correlation > 0.3
+
+
 def test_audio_shorter_than_the_video_and_trim(media):
     assert do_render(media, "take.mp4", "short.wav", "short.mp4").frames == 25
     trimmed = do_render(media, "take.mp4", "long.wav", "trim.mp4", "reference.timing=trim")

@@ -128,7 +128,8 @@ def inspect_video(
                 source = SourceComparison(video_ref, width=info.width, height=info.height,
                                           backend=config.get("backend", "preview"), face_box=face_box)
         tracker, colour, change = HeadTracker(ref), ColourDrift(ref), FrameChange()
-        mouth = MouthActivity(ref, rest_from_reference=reference is not None, fps=fps)
+        # (a dub's mouth rests shut, whatever the source's first frame shows: its rest is its own quietest moment)
+        mouth = MouthActivity(ref, rest_from_reference=reference is not None and source is None, fps=fps)
         eyes, identity, rms = EyeClosure(ref), IdentityTracker(ref), Track()
         sharpness = FaceSharpness(ref)
         count = 0
