@@ -157,6 +157,14 @@ def test_audio_shorter_than_the_video_and_trim(media):
         assert abs(float(a.duration * a.time_base) - 2.0) < 0.05
 
 
+def test_a_sideways_phone_clip_shorter_than_a_chunk_is_dubbed_upright(media):
+    """12 frames stored sideways with a display matrix, against 1 s of audio and 50-frame chunks."""
+    rep = do_render(media, "phone.mp4", "short.wav", "phone_dub.mp4")
+    assert rep.frames == 25 and rep.face_detected
+    r = inspect_video(media / "phone_dub.mp4", report=media / "phone_dub.mp4.json", reference=media / "phone.mp4")
+    assert len(r.source.wraps) >= 2 and r.source.outside_mouth_vs_source < 0.25 * r.source.outside_mouth_vs_first
+
+
 def test_the_source_mouth_motion_is_taken_out(media, tmp_path):
     """A talking take (the preview's own render of the photo, mouth moving) dubbed with silence: the
     output's mouth hardly moves, while the source's did."""
