@@ -322,7 +322,7 @@ def bench(
 def inspect(
     video: Annotated[Path, typer.Argument(help="A rendered MP4.", show_default=False)],
     report: Annotated[Optional[Path], typer.Option("--report", help="The render's --report JSON (needed for the seam ratio).")] = None,
-    ref: Annotated[Optional[Path], typer.Option("--ref", help="The reference image it was rendered from (default: its first frame).")] = None,
+    ref: Annotated[Optional[Path], typer.Option("--ref", help="The reference image or video it was rendered from (default: its first frame).")] = None,
     audio: Annotated[Optional[Path], typer.Option("--audio", help="The speech it was rendered from (default: its own audio track).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the metrics over time as a PNG here.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the metrics as JSON here.")] = None,

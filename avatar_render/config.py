@@ -29,6 +29,7 @@ SR_MODES = ("none", "vae2x", "swiftvr")
 SR_FIDELITY = ("lowres", "vae2x")
 COMPILE_MODES = ("none", "blocks")
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
+TIMINGS = ("loop", "hold", "trim")  # a video reference against longer or shorter audio (reference.timing)
 PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 MAX_SEED = 2**64 - 1  # the largest seed torch.Generator.manual_seed takes
 MAX_SIDE = 16384  # libx264's largest frame width or height
@@ -65,6 +66,16 @@ class FaceConfig:
     # dense landmarks (MediaPipe's face mesh, installed by scripts/fetch_face_model.py): auto = the installed
     # model, else a template mesh on the detected boxes; template = always the template; or the model file's path
     landmarks: str = "auto"
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """A video reference (dubbing): its frames are followed by time, its mouth driven by the new audio."""
+
+    # audio longer than the video: loop = ping-pong (forwards, then backwards: no jump at the wrap),
+    # hold = its last frame; trim = the output ends with the video (or with the audio, if that is shorter)
+    timing: str = "loop"
+    cache_mb: int = 256  # source frames kept fitted to the output size (a short clip decodes once), in MB
 
 
 @dataclass(frozen=True)
@@ -161,6 +172,7 @@ class Config:
     video: VideoConfig = field(default_factory=VideoConfig)
     chunk: ChunkConfig = field(default_factory=ChunkConfig)
     face: FaceConfig = field(default_factory=FaceConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     preview: PreviewConfig = field(default_factory=PreviewConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -346,6 +358,8 @@ def validate(cfg: Config) -> None:
             "face.box",
             "must be [x, y, width, height] with a positive width and height",
         ),
+        (cfg.reference.timing in TIMINGS, "reference.timing", f"must be one of {', '.join(TIMINGS)}"),
+        (0 <= cfg.reference.cache_mb <= 65536, "reference.cache_mb", "must be between 0 and 65536"),
         (cfg.run.queue_chunks >= 1, "run.queue_chunks", "must be at least 1"),
         (cfg.run.no_face in ("warn", "error"), "run.no_face", "must be warn or error"),
         (cfg.model.size in MODEL_SIZES, "model.size", f"must be one of {', '.join(MODEL_SIZES)}"),

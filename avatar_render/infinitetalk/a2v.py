@@ -92,14 +92,16 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
         dtype = next(model.parameters()).dtype
         device = self.dit.compute_device
         # Everything a pass reads goes to the device once a chunk (a copy per pass would stall the host).
-        cond = static.cond[:, :, :n].to(device, dtype)
+        cond = (static.cond if x.cond is None else x.cond)[:, :, :n].to(device, dtype)
         audio = x.features.to(device, dtype)
         zero_audio = torch.zeros_like(audio)
         text, text_null = static.text.to(device, dtype), static.text_null.to(device, dtype)
         texts = {"cond": text, "no_text": text_null, "uncond": text_null, "no_audio": text}
         variant = {"cond": "text", "no_text": "null", "uncond": "null", "no_audio": "text"}
-        kv = dict(carry.kv or {}) if self.dit.speed.cache_kv else None
-        clip_fea = static.clip_fea.to(device, dtype)
+        # (a chunk with its own image features makes its own keys and values, kept for its passes only)
+        own_image = x.clip_fea is not None
+        kv = ({} if own_image else dict(carry.kv or {})) if self.dit.speed.cache_kv else None
+        clip_fea = (static.clip_fea if x.clip_fea is None else x.clip_fea).to(device, dtype)
         front = front.to(device, torch.float32)
         back = None if back is None else back.to(device, torch.float32)
 
@@ -124,6 +126,8 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
 
         latents = sample(self.sampler, noise=noise.float().to(device), predict=predict, pin=pin, evaluate=self.evaluate).cpu()
         count("dit_tokens", dit_tokens(model.config, noise.shape) * self.sampler.steps * len(passes(self.sampler)))
+        if own_image:
+            kv = carry.kv  # (the request's own, untouched)
         if plan.kind == "I":
             return LatentChunk(plan=plan, latents=latents, first_latent=latent_of(plan.start)), ContextCarry(carry.latents, kv)
         new = latents if plan.start == 0 else latents[:, m:]  # N0 publishes its reference latent as frame 0

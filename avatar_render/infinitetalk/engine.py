@@ -62,7 +62,7 @@ def build_infinitetalk(cfg: Config, mesh: Mesh) -> Pipeline:
                        negative_prompt=m.negative_prompt, max_latents=max_latents, face_box=cfg.face.box, size=cfg.gen_size),
         generate=(
             AudioContext(audio=comps.audio, context_latents=context_latents,
-                         latent_hw=(cfg.gen_size[1] // 8, cfg.gen_size[0] // 8)),
+                         latent_hw=(cfg.gen_size[1] // 8, cfg.gen_size[0] // 8), vae=comps.vae, image=comps.image),
             A2VStage(dit=comps.dit, vae=comps.vae, context_frames=c.context_frames, context_mode=m.context_mode,
                      evaluate=split_passes(mesh, serial) if cfg.dist.cfg_parallel else serial, sampler=sampler),
         ),

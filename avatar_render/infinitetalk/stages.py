@@ -20,6 +20,7 @@ from avatar_render.infinitetalk.types import (
     LatentSegment,
     ModelStatic,
 )
+from avatar_render.infinitetalk.video_cond import VideoCondition, first_frame_condition, to_pixels
 from avatar_render.models.audio_encoder import AudioEncoder
 from avatar_render.models.grid import frames_in, latent_of, latents_for
 from avatar_render.models.image_encoder import ImageEncoder
@@ -32,11 +33,6 @@ from avatar_render.pipeline.types import ChunkInput, Frames, RequestInput
 # Audio the encoder sees beyond a chunk's model frames, on each side: wav2vec2's positional
 # convolution spans about +-2.6 s, so less margin makes chunked features drift from whole-file ones.
 AUDIO_MARGIN_S = 3.0
-
-
-def to_pixels(image: np.ndarray) -> torch.Tensor:
-    """(H, W, 3) uint8 -> [1, 3, 1, H, W] float32 in [-1, 1]."""
-    return torch.from_numpy(image).permute(2, 0, 1)[None, :, None].float() / 127.5 - 1.0
 
 
 def to_uint8(frames: torch.Tensor) -> torch.Tensor:
@@ -81,22 +77,24 @@ class ModelInit(Stage[RequestInput, ModelStatic]):
         width, height = self.size or (x.width, x.height)
         image, fit = fit_to_frame(x.reference, width, height, focus=focus)
         pixels = to_pixels(image)  # [1, 3, 1, H, W]
+        cond, clip = first_frame_condition(pixels, vae=self.vae, image=self.image, max_latents=self.max_latents)
         with torch.no_grad():
-            frames = torch.cat([pixels, pixels.new_zeros(1, 3, frames_in(self.max_latents) - 1, *pixels.shape[-2:])], dim=2)
-            latents = self.vae.encode(frames).cpu()  # [1, 16, n, h, w]
-            mask = torch.zeros(1, 4, latents.shape[2], *latents.shape[-2:])
-            mask[:, :, 0] = 1.0  # the I2V mask marks the first frame only
-            clip = self.image.encode(pixels[:, :, 0]).cpu()
             text = self.text.encode(self.prompt).cpu()
             text_null = self.text.encode(self.negative_prompt).cpu()
         # They run once per request, and a pipeline serves one request: their memory is freed rather
         # than their weights copied to the host (11 GB of pinned memory for umT5-XXL, seconds to copy).
-        for once in (self.text, self.image):
+        # A video reference keeps the image encoder: every chunk is conditioned on its own source frame.
+        for once in (self.text,) if x.video is not None else (self.text, self.image):
             once.release()
+        video = None
+        if x.video is not None:
+            video = VideoCondition(video=x.video, reader=x.video.frames(), size=(width, height), focus=focus,
+                                   max_latents=self.max_latents)
+        latents = cond[:, 4:]
         flat = pixels[0, :, 0].reshape(3, -1)
         return ModelStatic(
             face_detected=layout is not None and layout.detected,
-            cond=torch.cat([mask, latents], dim=1), ref_latent=latents[0, :, :1].clone(), clip_fea=clip,
+            cond=cond, ref_latent=latents[0, :, :1].clone(), clip_fea=clip, video=video,
             text=text, text_null=text_null, ref_mean=flat.mean(1), ref_std=flat.std(1),
             reference=image, layout=fallback_layout(width, height) if layout is None else layout.mapped(fit),
         ), None
@@ -129,8 +127,10 @@ class AudioContext(Stage[ChunkInput, AudioWindow]):
     input_type = ChunkInput
     output_type = AudioWindow
 
-    def __init__(self, *, audio: AudioEncoder, context_latents: int, latent_hw: tuple[int, int]) -> None:
+    def __init__(self, *, audio: AudioEncoder, context_latents: int, latent_hw: tuple[int, int],
+                 vae: Optional[WanVae] = None, image: Optional[ImageEncoder] = None) -> None:
         self.audio = audio
+        self.vae, self.image = vae, image  # a video reference's chunks are conditioned on their source frames
         self.context_latents = context_latents
         self.latent_hw = latent_hw
 
@@ -149,7 +149,11 @@ class AudioContext(Stage[ChunkInput, AudioWindow]):
         seed = (x.seed * 1_000_003 + 2 * x.plan.index + (x.plan.kind == "I")) % 2**63
         noise = _NOISE.submit(chunk_noise, seed, (16, num_latents, *self.latent_hw))  # while the encoder runs
         feats = self.audio.encode(window, num_frames=num_frames, pad_s=AUDIO_MARGIN_S, first_frame=first, fps=fps)
-        return AudioWindow(chunk=x, first_frame=first, features=feats[None], noise=noise.result()), None
+        cond = clip = None
+        if self.vae is not None and self.image is not None and x.plan.start > 0 and static.video is not None:
+            cond, clip = static.video.condition(x.plan.start, vae=self.vae, image=self.image)
+        return AudioWindow(chunk=x, first_frame=first, features=feats[None], noise=noise.result(), cond=cond,
+                           clip_fea=clip), None
 
 
 def reference_lead(static: ModelStatic) -> LatentSegment:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ class ModelStatic(StaticConditioning):
     ref_std: torch.Tensor  # [3]
     reference: np.ndarray  # (h, w, 3) uint8: the reference fitted to the generation size (the SR stage's face guard)
     layout: FaceLayout  # the reference's face, eyes and mouth in those pixels (a plausible box when none was found)
+    video: Any = None  # a video reference (video_cond.VideoCondition): each chunk conditioned on its source frame
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class AudioWindow:
     first_frame: int  # video frame of the first model frame (context frames included)
     features: torch.Tensor  # [1, F_model, window, layers, dim]: audio features per model frame
     noise: torch.Tensor  # [16, n_model, h, w]
+    # a video reference: this chunk's own I2V condition and CLIP features (the source frame at its start);
+    # None: the request's (static) ones
+    cond: Optional[torch.Tensor] = None  # [1, 20, n, h, w]
+    clip_fea: Optional[torch.Tensor] = None  # [1, 257, clip_dim]
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
-"""The reference (identity) image: load it from an image or a video file."""
+"""The reference: an image, or a video (its first frame as the identity image, and the video streamed
+for dubbing: ``open_reference``)."""
 
 from __future__ import annotations
 
 import threading
 import warnings
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -12,6 +14,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files import regular_file, shown
+from avatar_render.io.video_source import SourceTimeline, VideoReference, probe_source
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})
 MIN_SIDE = 16  # smallest width or height accepted, in pixels
@@ -38,6 +41,39 @@ def load_reference(path: str | Path, *, max_pixels: int = 150_000_000) -> np.nda
         return _load_video_frame(path, max_pixels, from_image_fallback=True)
     with image:
         return _decode_image(image, path)
+
+
+def open_reference(path: str | Path, *, fps: Fraction, timing: str,
+                   max_pixels: int = 150_000_000) -> tuple[np.ndarray, VideoReference | None]:
+    """The identity image (an image, or a video's first frame, upright) and, for a video of more than one
+    frame, the video itself streamed: frames decoded on demand, played under output frame rate ``fps``
+    by ``timing`` (``reference.timing``)."""
+    path = regular_file(path, what="reference", give="an image or video file")
+    if path.suffix.lower() not in VIDEO_SUFFIXES and _is_image(path):
+        return load_reference(path, max_pixels=max_pixels), None
+    first = _load_video_frame(path, max_pixels, from_image_fallback=path.suffix.lower() not in VIDEO_SUFFIXES)
+    info = probe_source(path, max_pixels=max_pixels)
+    if info.num_frames < 2:
+        return first, None
+    return first, VideoReference(timeline=SourceTimeline(info=info, fps=fps, timing=timing))
+
+
+def _is_image(path: Path) -> bool:
+    """Whether Pillow knows the file (header only); anything else is tried as a video."""
+    try:
+        with _PIL_LIMIT_LOCK, warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            previous = Image.MAX_IMAGE_PIXELS
+            Image.MAX_IMAGE_PIXELS = None
+            try:
+                with Image.open(path):
+                    return True
+            finally:
+                Image.MAX_IMAGE_PIXELS = previous
+    except UnidentifiedImageError:
+        return False
+    except _DECODE_ERRORS:
+        return True  # an image, a broken one: load_reference says so
 
 
 def _open_image(path: Path, max_pixels: int) -> Image.Image:

@@ -15,7 +15,8 @@ from avatar_render.distributed.launch import broadcast
 from avatar_render.distributed.mesh import Mesh
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
-from avatar_render.io.reference import load_reference
+from avatar_render.io.reference import open_reference
+from avatar_render.io.trimmed_audio import TrimmedAudio
 from avatar_render.pipeline.pipeline import Pipeline
 from avatar_render.pipeline.types import RequestInput, StaticConditioning
 from avatar_render.preview.engine import build_preview
@@ -39,10 +40,10 @@ def build_pipeline(cfg: Config, mesh: Mesh) -> Pipeline:
     raise AvatarRenderError(f"Backend '{cfg.backend}' is not available.")
 
 
-def request_input(cfg: Config, reference: np.ndarray, reference_path: Path) -> RequestInput:
-    """What the init stage needs of one request: the reference image, the frame size and the seed."""
+def request_input(cfg: Config, reference: np.ndarray, reference_path: Path, video=None) -> RequestInput:
+    """What the init stage needs of one request: the reference image (and video), the frame size and the seed."""
     return RequestInput(reference=reference, reference_path=Path(reference_path),
-                        width=cfg.video.width, height=cfg.video.height, seed=cfg.seed)
+                        width=cfg.video.width, height=cfg.video.height, seed=cfg.seed, video=video)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Prepared:
 
     pipeline: Pipeline
     static: StaticConditioning  # the static conditioning, kept for the whole request
-    audio: AudioReader  # open; read as the chunk loop goes
+    audio: AudioReader | TrimmedAudio  # open; read as the chunk loop goes
 
 
 @contextmanager
@@ -61,12 +62,13 @@ def prepared(cfg: Config, reference: Path, audio: Path, mesh: Mesh, *,
     inside the block. ``clock(name)`` times the parts ("inputs", "load", "init")."""
     pipeline = build_pipeline(cfg, mesh)
     with clock("inputs"):
-        image = load_reference(reference)
+        image, video = open_reference(reference, fps=cfg.fps, timing=cfg.reference.timing)
         reader = AudioReader(audio, fps=cfg.fps, model_rate=pipeline.audio_rate)
+    limit = None if video is None else video.timeline.frame_limit
     with reader:
-        static = pipeline.prepare(request_input(cfg, image, reference), clock=clock)  # times "load" and "init"
+        static = pipeline.prepare(request_input(cfg, image, reference, video), clock=clock)  # times "load" and "init"
         del image
-        yield Prepared(pipeline=pipeline, static=static, audio=reader)
+        yield Prepared(pipeline=pipeline, static=static, audio=reader if limit is None else TrimmedAudio(reader, limit))
 
 
 def follow(cfg: Config, reference: Path, audio: Path, mesh: Mesh) -> None:

@@ -22,6 +22,7 @@ from avatar_render.metrics.regions import Reference, fitted_reference, frame_ref
 from avatar_render.metrics.seams import FrameChange, SeamResult, load_report, seam_result
 from avatar_render.metrics.series import Track
 from avatar_render.metrics.sharpness import FaceSharpness, SharpnessResult
+from avatar_render.metrics.source import SourceComparison, SourceResult, video_reference
 from avatar_render.metrics.speech import MouthActivity, MouthSyncResult, iter_frame_levels, mouth_sync
 from avatar_render.metrics.video import iter_frames, probe_video
 
@@ -63,6 +64,7 @@ class InspectResult:
     head: HeadMotionResult
     identity: IdentityResult
     sharpness: SharpnessResult
+    source: SourceResult | None = None  # with a video reference: each frame against the source at its time
     missing: dict[str, str] = field(default_factory=dict)  # metric -> why it could not be measured
     notes: tuple[str, ...] = ()
     series: Series | None = None
@@ -94,7 +96,8 @@ def inspect_video(
     """Measure colour drift, seams, mouth against speech, blinks, head motion, identity and face sharpness of a video.
 
     reference: the reference image it was rendered from (fitted like the renderer does); without
-    it, the first frame is the reference. report: the render's ``--report`` JSON, needed for seams.
+    it, the first frame is the reference. A video reference is also compared frame by frame: each
+    output frame against the source frame at its time (the report says the timing and the backend). report: the render's ``--report`` JSON, needed for seams.
     audio: the speech it was rendered from; without it, the video's own audio track.
     face_box: [x, y, w, h] of the face (reference pixels with a reference, else video pixels); None = detect.
     """
@@ -116,8 +119,17 @@ def inspect_video(
             ref = frame_reference(first, face_box=face_box)
         speech = audio if audio is not None else (info.path if info.has_audio else None)
         levels = iter_frame_levels(speech, fps=info.fps) if speech is not None else None
+        source = None
+        if reference is not None:
+            config = (rep or {}).get("config", {})
+            timing = (config.get("reference") or {}).get("timing", "loop")
+            video_ref = video_reference(reference, fps=info.fps, timing=timing)
+            if video_ref is not None:
+                source = SourceComparison(video_ref, width=info.width, height=info.height,
+                                          backend=config.get("backend", "preview"), face_box=face_box)
         tracker, colour, change = HeadTracker(ref), ColourDrift(ref), FrameChange()
-        mouth = MouthActivity(ref, rest_from_reference=reference is not None, fps=fps)
+        # (a dub's mouth rests shut, whatever the source's first frame shows: its rest is its own quietest moment)
+        mouth = MouthActivity(ref, rest_from_reference=reference is not None and source is None, fps=fps)
         eyes, identity, rms = EyeClosure(ref), IdentityTracker(ref), Track()
         sharpness = FaceSharpness(ref)
         count = 0
@@ -133,6 +145,8 @@ def inspect_video(
             eyes.update(gray, shift)
             identity.update(gray, shift)
             sharpness.update(gray, shift)
+            if source is not None:
+                source.update(count, gray)
             count += 1
             if on_progress is not None and count % 25 == 0:
                 on_progress(count, info.frames_estimate)
@@ -144,7 +158,10 @@ def inspect_video(
     if on_progress is not None:
         on_progress(count, count)
     parts = dict(tracker=tracker, colour=colour, change=change, mouth=mouth, eyes=eyes, identity=identity, sharpness=sharpness)
-    return _result(info, ref, rep, speech, rms.numpy() if levels is not None else None, count, **parts)
+    result = _result(info, ref, rep, speech, rms.numpy() if levels is not None else None, count, **parts)
+    if source is not None:
+        result = dataclasses.replace(result, source=source.result(change.values.numpy()))
+    return result
 
 
 def _chain(first: np.ndarray, rest):

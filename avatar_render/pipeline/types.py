@@ -22,6 +22,9 @@ class RequestInput:
     width: int
     height: int
     seed: int
+    # a video reference streamed (io.video_source.VideoReference: frames by output time), None for an image;
+    # ``reference`` is then its first frame
+    video: Any = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from avatar_render.face.mesh import FaceMesh, template_mesh
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment, StaticConditioning
+from avatar_render.preview.dub import DubSource, dub_source, render_dub
 from avatar_render.preview.motion import (
     BLINK,
     HEAD,
@@ -53,6 +54,7 @@ AHEAD = 4  # frames of the next chunk's mouth handed over (smooths a seam withou
 class PreviewStatic(StaticConditioning):
     rig: FaceRig
     landmarks: str  # "model", "template" (on the detector's boxes) or "fallback" (no face found)
+    dub: DubSource | None = None  # a video reference: its frames, with the mouth redone (preview/dub.py)
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,9 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
     input_type = RequestInput
     output_type = PreviewStatic
 
-    def __init__(self, *, face_box: list[int] | None, landmarks: str) -> None:
+    def __init__(self, *, face_box: list[int] | None, landmarks: str, cache_mb: int = 256) -> None:
         self.face_box = face_box
+        self.cache_mb = cache_mb
         self.detector = FaceDetector()
         path = find_model(landmarks)
         self.landmarks = LandmarkModel(path) if path is not None else None
@@ -119,7 +122,12 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
             mesh, kind = template_mesh(layout).mapped(fit), "template"
         else:
             mesh, kind = template_mesh(fallback_layout(x.width, x.height)), "fallback"
-        return PreviewStatic(face_detected=detected, rig=build_rig(image, mesh), landmarks=kind), None
+        static = PreviewStatic(face_detected=detected, rig=build_rig(image, mesh), landmarks=kind)
+        if x.video is not None:
+            dub = dub_source(x, detector=self.detector, landmarks=self.landmarks, face_box=self.face_box,
+                             cache_mb=self.cache_mb)
+            static = dataclasses.replace(static, face_detected=dub.track.found > 0, dub=dub)
+        return static, None
 
 
 class SpeechContext(Stage[ChunkInput, SpeechFeatures]):
@@ -249,6 +257,8 @@ class PreviewRender(Stage[MotionSegment, Frames]):
     output_type = Frames
 
     def run(self, x: MotionSegment, *, static: PreviewStatic, carry: Any) -> tuple[Frames, None]:
+        if static.dub is not None:
+            return render_dub(static.dub, x.start, x.params), None
         frames = np.empty((len(x.params), *static.rig.image.shape), np.uint8)  # (T, H, W, 3)
         for row, frame in zip(x.params, frames):
             render_frame(static.rig, row, out=frame)
@@ -258,7 +268,7 @@ class PreviewRender(Stage[MotionSegment, Frames]):
 def build_preview(cfg: Config) -> Pipeline:
     p = cfg.preview
     return Pipeline(
-        init=PreviewInit(face_box=cfg.face.box, landmarks=cfg.face.landmarks),
+        init=PreviewInit(face_box=cfg.face.box, landmarks=cfg.face.landmarks, cache_mb=cfg.reference.cache_mb),
         generate=(
             SpeechContext(phones=p.phones),
             PreviewAnimator(
