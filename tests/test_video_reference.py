@@ -78,6 +78,20 @@ def test_frames_follow_time_at_any_rate_and_loop_ping_pong(media):
     assert SourceTimeline(info, Fraction(25), "loop").frame_limit is None
 
 
+def test_a_frame_rate_other_than_the_outputs_is_told(media, tmp_path):
+    messages = []
+    cfg = load_config(None, SIZE + ("preview.phones=false",))
+    render(RenderRequest(reference=media / "take30.mp4", audio=media / "short.wav", output=tmp_path / "o.mp4",
+                         config=cfg), on_message=lambda level, text: messages.append((level, text)))
+    assert ("warning", "The reference video runs at 30 fps and the output at 25 fps: about one source frame in 6 is "
+            "skipped; set preview.fps=30 to keep every frame.") in messages
+    messages.clear()
+    cfg = load_config(None, SIZE + ("preview.phones=false", "preview.fps=30"))
+    render(RenderRequest(reference=media / "take30.mp4", audio=media / "short.wav", output=tmp_path / "p.mp4",
+                         config=cfg), on_message=lambda level, text: messages.append((level, text)))
+    assert not [m for m in messages if "fps" in m[1]]
+
+
 def test_a_frame_is_the_same_however_it_is_reached(media):
     info = probe_source(media / "take.mp4", max_pixels=10**8)
     whole = dict(SourceFrames(info).read(range(info.num_frames)))

@@ -82,7 +82,7 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry:
         prior = prior_commit(journal, output=output, partial=partial_path(output), resume=request.resume,
                              force=request.force, fps=cfg.fps)
         with prepared(cfg, Path(request.reference), Path(request.audio), mesh, clock=telemetry.stage) as job:
-            for note in job.pipeline.notes:
+            for note in job.notes:
                 on_message("warning", note)
             _check_face(job.static, request, on_message)
             journal, point = _start(journal, request, prior, telemetry, on_message)
@@ -110,7 +110,7 @@ def _run_live_only(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, 
     if request.report is not None:
         check_report(Path(request.report), None, force=request.force)
     with prepared(request.config, Path(request.reference), Path(request.audio), mesh, clock=telemetry.stage) as job:
-        for note in job.pipeline.notes:
+        for note in job.notes:
             on_message("warning", note)
         _check_face(job.static, request, on_message)
         broadcast(mesh, None)

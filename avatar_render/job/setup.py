@@ -17,6 +17,7 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import open_reference
 from avatar_render.io.trimmed_audio import TrimmedAudio
+from avatar_render.io.video_source import VideoReference
 from avatar_render.pipeline.pipeline import Pipeline
 from avatar_render.pipeline.types import RequestInput, StaticConditioning
 from avatar_render.preview.engine import build_preview
@@ -53,6 +54,8 @@ class Prepared:
     pipeline: Pipeline
     static: StaticConditioning  # the static conditioning, kept for the whole request
     audio: AudioReader | TrimmedAudio  # open; read as the chunk loop goes
+    notes: tuple[str, ...] = ()  # warnings for the user: the pipeline's, then the inputs'
+
 
 
 @contextmanager
@@ -68,7 +71,21 @@ def prepared(cfg: Config, reference: Path, audio: Path, mesh: Mesh, *,
     with reader:
         static = pipeline.prepare(request_input(cfg, image, reference, video), clock=clock)  # times "load" and "init"
         del image
-        yield Prepared(pipeline=pipeline, static=static, audio=reader if limit is None else TrimmedAudio(reader, limit))
+        notes = (*pipeline.notes, *(() if video is None else video_notes(video, cfg)))
+        yield Prepared(pipeline=pipeline, static=static, audio=reader if limit is None else TrimmedAudio(reader, limit),
+                       notes=notes)
+
+
+def video_notes(video: VideoReference, cfg: Config) -> tuple[str, ...]:
+    """What a user should know about a video reference's frame rate against the output's."""
+    info, fps = video.timeline.info, float(cfg.fps)
+    if info.variable_rate or abs(info.fps - fps) <= 0.01 * fps:
+        return ()
+    key = "preview.fps" if cfg.backend == "preview" else "model.fps"
+    effect = (f"about one source frame in {max(2, round(info.fps / (info.fps - fps)))} is skipped" if info.fps > fps
+              else f"about one source frame in {max(2, round(fps / (fps - info.fps)))} is shown twice")
+    hint = f"; set {key}={info.fps:.3g} to keep every frame" if cfg.backend == "preview" else ""
+    return (f"The reference video runs at {info.fps:.3g} fps and the output at {fps:.3g} fps: {effect}{hint}.",)
 
 
 def follow(cfg: Config, reference: Path, audio: Path, mesh: Mesh) -> None:
