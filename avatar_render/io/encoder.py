@@ -73,6 +73,17 @@ class _AudioHistory:
         return self.data[:, start - self.end + self.data.shape[1] :]
 
 
+def to_yuv420p(rgb: np.ndarray) -> av.VideoFrame:
+    """(H, W, 3) uint8 RGB -> a yuv420p frame in BT.709 limited range, as the stream's colour metadata says.
+
+    FFmpeg's swscale converts straight from the array's memory: ``from_ndarray`` would first copy it into
+    a frame, which costs twice the conversion itself (at 1080p about 11 ms of a 17 ms conversion)."""
+    rgb = np.ascontiguousarray(rgb)
+    return av.VideoFrame.from_numpy_buffer(rgb, format="rgb24").reformat(
+        format="yuv420p", dst_colorspace="ITU709", dst_color_range="MPEG"
+    )
+
+
 class ChunkEncoder:
     """x264 (zero latency: each frame's packet comes out at once) and FFmpeg's AAC, restarted at GOP starts.
 
@@ -117,8 +128,7 @@ class ChunkEncoder:
         for i, rgb in enumerate(frames):
             if abort is not None and abort.is_set():
                 raise Aborted
-            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-            frame = frame.reformat(format="yuv420p", dst_colorspace="ITU709", dst_color_range="MPEG")
+            frame = to_yuv420p(rgb)
             frame.pts = self.frames
             self.frames += 1
             if i == 0 and opens_gop:
