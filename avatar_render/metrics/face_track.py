@@ -131,3 +131,30 @@ def undo_head(frame: np.ndarray, head: np.ndarray) -> np.ndarray:
     return cv2.warpAffine(
         frame, cv2.invertAffineTransform(head), (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
     )
+
+
+def lip_aperture(gray: np.ndarray, mesh: fm.FaceMesh, lip_luma: float, *, contrast: float = 40.0) -> float:
+    """How far apart the lips are, read from the pixels between them (pixels): in the middle 40 % of the
+    mouth, the length of the line from the outer upper to the outer lower lip contour (landmarks found in
+    the frame) whose grey level differs from the lips' own (``lip_luma``) by ``contrast`` or more (teeth,
+    the dark of the mouth), the median over columns. Lips pressed together read about a pixel: the dark
+    line where they meet. gray: (H, W) float32."""
+    ex, ey = mesh.axes()
+    c = (mesh.points[61] + mesh.points[291]) / 2
+    half = mesh.mouth_width() / 2
+    up, low = mesh.at(fm.LIPS_OUTER_UPPER), mesh.at(fm.LIPS_OUTER_LOWER)
+    su, sl = (up - c) @ ex, (low - c) @ ex
+    tu, tl = (up - c) @ ey, (low - c) @ ey
+    step = 0.5  # pixels along each column
+    runs = []
+    for s in np.linspace(-0.4 * half, 0.4 * half, 9):
+        t0, t1 = float(np.interp(s, su, tu)), float(np.interp(s, sl, tl))
+        if t1 <= t0:
+            runs.append(0.0)
+            continue
+        ts = np.arange(t0, t1, step)
+        x = (c[0] + s * ex[0] + ts * ey[0] - 0.5).astype(np.float32)[None]
+        y = (c[1] + s * ex[1] + ts * ey[1] - 0.5).astype(np.float32)[None]
+        values = cv2.remap(gray, x, y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)[0]
+        runs.append(float(np.sum(np.abs(values - lip_luma) >= contrast)) * step)
+    return float(np.median(runs))

@@ -16,12 +16,19 @@ from avatar_render.face import mesh as fm
 
 JAW_DROP = 0.17  # lower lip travel at open = 1, in mouth widths (a loud open vowel)
 LIP_RAISE = 0.10  # upper lip travel up, as a fraction of the jaw's
+SEAL_UPPER = 0.25  # share of the lip gap the upper lip closes when the lips press together
 SPREAD = 0.12  # mouth widening at width = 1, as a fraction of the width
 ROUND = 0.28  # mouth narrowing at width = -1
 LID_SKIN = 0.9  # how far the skin just above the lashes comes down with them, as a fraction of the lid's travel
 LID_FOLD = (0.12, 0.6)  # over this band above the lid (in eye widths) that travel fades to nothing
 LID_TRAVEL = 0.97  # fraction of the eye opening the upper lid covers at a full blink (the lower lid rises to meet it)
 LOWER_LID_TRAVEL = 0.05
+
+
+# (inner upper, inner lower, outer upper, outer lower) landmarks across the lips, corners left out
+_LIP_PAIRS = tuple(
+    zip(fm.LIPS_INNER_UPPER[1:-1], fm.LIPS_INNER_LOWER[1:-1], fm.LIPS_OUTER_UPPER[1:-1], fm.LIPS_OUTER_LOWER[1:-1])
+)
 
 
 def _smoothstep(x: np.ndarray, a: float, b: float) -> np.ndarray:
@@ -34,7 +41,7 @@ class MouthShape:
     """Displacements of every vertex (the 468 landmarks first, fixed helper vertices after) per unit of each motion."""
 
     base: np.ndarray  # (N, 2) float32, pixels
-    seal: np.ndarray  # (N, 2) at open = -1: the lips meet half way
+    down: np.ndarray  # (2,) the face's downward axis
     jaw: np.ndarray  # (N, 2) at open = 1: jaw drop, upper lip raise, corners drawn in a little
     spread: np.ndarray  # (N, 2) at width = 1
     round: np.ndarray  # (N, 2) at width = -1
@@ -90,19 +97,9 @@ class MouthShape:
         for idx, sign in ((fm.LIPS_OUTER_UPPER, -1), (fm.LIPS_OUTER_LOWER, 1), (fm.LIPS_INNER_LOWER, 0.6)):
             rnd[list(idx)] += (sign * bulge[list(idx)])[:, None] * ey
 
-        seal = np.zeros((len(p), 2), np.float32)
-        for k in range(1, len(fm.LIPS_INNER_UPPER) - 1):
-            iu, il = fm.LIPS_INNER_UPPER[k], fm.LIPS_INNER_LOWER[k]
-            gap = float((p[il] - p[iu]) @ ey)
-            if gap <= 0:
-                continue
-            half = 0.5 * gap * ey
-            seal[iu], seal[il] = half, -half
-            seal[fm.LIPS_OUTER_UPPER[k]] = 0.5 * half
-            seal[fm.LIPS_OUTER_LOWER[k]] = -0.5 * half
         return MouthShape(
             base=vertices.astype(np.float32),
-            seal=full(seal),
+            down=ey.astype(np.float32),
             jaw=full(jaw),
             spread=full(spread),
             round=full(rnd),
@@ -114,8 +111,22 @@ class MouthShape:
 
     def displacement(self, open_: float, width: float) -> np.ndarray:
         """(N, 2) vertex displacements of a mouth shape."""
-        out = (self.seal * -open_) if open_ < 0 else (self.jaw * open_)
-        return out + (self.spread * width if width > 0 else self.round * -width)
+        out = self.spread * width if width > 0 else self.round * -width
+        if open_ >= 0:
+            return out + self.jaw * open_
+        # Lips pressed shut (open < 0: this far): the jaw brings the lower lip up most of the way and the
+        # upper lip comes down to meet it, across the gap the lips have in this width (rounded lips part
+        # a little); each lip moves whole (stretching a lip over the teeth it showed reads as lips apart).
+        out = out.copy()
+        for iu, il, ou, ol in _LIP_PAIRS:
+            gap = float((self.base[il] + out[il] - self.base[iu] - out[iu]) @ self.down)
+            if gap > 0:
+                up, low = -open_ * SEAL_UPPER * gap * self.down, open_ * (1 - SEAL_UPPER) * gap * self.down
+                out[iu] += up
+                out[ou] += up
+                out[il] += low
+                out[ol] += low
+        return out
 
     def moved(self, open_: float, width: float) -> np.ndarray:
         return self.base + self.displacement(open_, width)
