@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from avatar_render.distributed.launch import agree, broadcast, session
 from avatar_render.distributed.mesh import Launch
 from avatar_render.job.output import forget_empty_render
-from avatar_render.job.run import run_job
+from avatar_render.job.run import finished_render, run_job
 from avatar_render.job.setup import follow
 from avatar_render.job.types import OnMessage, Progress, RenderReport, RenderRequest
 from avatar_render.telemetry import Telemetry
@@ -44,10 +44,14 @@ def render(
     with session(launch, sp=cfg.dist.sp, device=cfg.model.device,
                  on_abort=bind(forget_empty_render, Path(request.output)) if writes and request.output is not None else None) as mesh:
         agree(mesh, "seed and config", {"seed": cfg.seed, "config": repr(cfg)})
+        say = on_message or (lambda level, text: None)
+        # A render found finished (killed while being moved into place) needs no chunk loop: every process hears so.
+        finished = broadcast(mesh, finished_render(request, say) if mesh.is_writer else None)
+        if finished is not None:
+            return finished
         if not mesh.is_writer:
             follow(cfg, Path(request.reference), Path(request.audio), mesh)
             return broadcast(mesh, None)
-        say = on_message or (lambda level, text: None)
         if mesh.distributed:
             say("info", mesh.affinity)
         own = telemetry is None

@@ -57,12 +57,13 @@ def loop_speech(source: Path, seconds: float, dest: Path) -> Path:
     return dest
 
 
-def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, overrides: tuple[str, ...] = ()) -> dict:
+def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, overrides: tuple[str, ...] = (),
+             config: Path | None = None) -> dict:
     audio = loop_speech(speech, case.seconds, workdir / f"speech_{case.seconds:g}s.wav")
     out = workdir / f"render_{case.name}.mp4"
     report = out.with_suffix(".json")
     cmd = [sys.executable, "-m", "avatar_render", "render", "--ref", str(reference), "--audio", str(audio),
-           "-o", str(out), "--force", "--quiet", "--report", str(report),
+           "-o", str(out), "--force", "--quiet", "--report", str(report), *(("-c", str(config)) if config else ()),
            f"backend={case.backend}", f"video.width={case.width}", f"video.height={case.height}", *overrides]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -74,7 +75,8 @@ def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, o
 
 
 def run_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir: Path | None = None,
-              overrides: tuple[str, ...] = (), on_result: Callable[[BenchCase, dict], None] | None = None) -> list[dict]:
+              overrides: tuple[str, ...] = (), on_result: Callable[[BenchCase, dict], None] | None = None,
+              config: Path | None = None) -> list[dict]:
     """Render every case; one row per case. With ``out_dir``, each render's report stays in ``out_dir/reports``."""
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +86,7 @@ def run_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir:
         except OSError as e:
             raise AvatarRenderError(f"Cannot create the benchmark folder '{workdir}': {e.strerror or e}.") from None
         for case in cases:
-            rep = run_case(case, reference=reference, speech=speech, workdir=workdir, overrides=overrides)
+            rep = run_case(case, reference=reference, speech=speech, workdir=workdir, overrides=overrides, config=config)
             row = summarize(rep, backend=case.backend)
             results.append(row)
             if on_result:
@@ -100,6 +102,7 @@ def summarize(rep: dict, *, backend: str) -> dict:
     row["backend"] = backend
     chunks = rep["chunks"]  # the report's chunk records
     row["chunks"] = len(chunks)
+    row.update(first_frame_figures(rep))
     t = np.array([c["t_s"] for c in chunks], np.float64)
     frames = np.array([c["end"] - c["start"] for c in chunks], np.float64)
     dt = np.diff(np.concatenate([[rep["inputs_s"]], t])) if len(t) else t
@@ -112,6 +115,25 @@ def summarize(rep: dict, *, backend: str) -> dict:
         "fps": (frames / np.maximum(dt, 1e-6)).round(2).tolist(),
     }
     return row
+
+
+def first_frame_figures(rep: dict) -> dict:
+    """What the first frames waited for, from a report's chunk records: the weights' loading (``load_s``,
+    None when the report does not time it apart), the DiT tokens processed before the first frame and,
+    since that frame may need no sampling (the diffusion backend's first frame is the reference latent's),
+    the wall seconds and DiT tokens before the first frame that did (None for a backend without a DiT)."""
+    chunks = rep["chunks"]
+    tokens = [c.get("work", {}).get("dit_tokens") for c in chunks]
+    has_dit = any(t is not None for t in tokens)
+    tokens = [t or 0 for t in tokens]
+    sampled = next((i for i, t in enumerate(tokens) if t > 0), None)
+    return {
+        "load_s": rep.get("stage_s", {}).get("load"),
+        "first_frame_tokens": tokens[0] if has_dit and chunks else None,
+        "first_sampled_frame_s": None if sampled is None else round(chunks[sampled]["t_s"] - rep["inputs_s"], 4),
+        "first_sampled_frame_tokens": None if sampled is None else tokens[sampled],
+        "first_sampled_frame": None if sampled is None else chunks[sampled]["start"],
+    }
 
 
 def write_results(rows: list[dict], out_dir: Path, *, json_path: Path | None = None) -> list[Path]:

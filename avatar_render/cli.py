@@ -276,9 +276,12 @@ def bench(
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for bench.json, the PNG plots and each render's report.")] = Path("bench-results"),
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here (default: OUT/bench.json).")] = None,
     overrides: OverridesArg = None,
+    config: ConfigOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Render speech of several durations, sizes and backends; print speed and memory, write JSON and plots."""
+    """Render speech of several durations, sizes and backends; print speed and memory, write JSON and plots.
+    The first frame's wait is given in wall seconds and, with the diffusion backend, in DiT tokens processed
+    before it (and before the first frame that needed sampling)."""
     out = Out()
 
     def run() -> None:
@@ -288,18 +291,26 @@ def bench(
         for path in (ref, speech):
             if not path.is_file():
                 raise AvatarRenderError(f"'{path}' does not exist (run from the project folder, or pass --ref/--speech).")
-        table = Table("backend", "audio", "size", "frames", "1st frame", "fps", "x real", "peak MB", "MB chunk 1/last",
-                      box=box.SIMPLE_HEAD, caption="fps: generated frames per second; x real: video seconds per wall second; MB: resident memory")
+        table = Table("backend", "audio", "size", "frames", "load", "1st frame", "1st sampled", "fps", "x real", "peak MB",
+                      "MB chunk 1/last", box=box.SIMPLE_HEAD,
+                      caption="load: reading the weights; 1st frame: seconds after the inputs were ready [DiT tokens before it]; "
+                              "1st sampled: the same for the first frame that needed sampling; fps: generated frames per second; "
+                              "x real: video seconds per wall second; MB: resident memory")
 
         def show(case, row) -> None:
             gpu = "" if row.get("peak_gpu_mb") is None else f", GPU {row['peak_gpu_mb'] / 1024:.1f} GiB"
             out.info(f"{case.seconds:g} s at {case.width}x{case.height} ({case.backend}): {row['generated_fps']:.1f} fps, "
                      f"peak {row['peak_rss_mb']:.0f} MB{gpu}")
+            tokens = "" if row["first_frame_tokens"] is None else f" [{row['first_frame_tokens']}]"
+            sampled = "-" if row["first_sampled_frame_s"] is None else \
+                f"{row['first_sampled_frame_s']:.2f} s [{row['first_sampled_frame_tokens']}]"
             table.add_row(case.backend, f"{row['duration_s']:g} s", f"{row['width']}x{row['height']}", str(row["frames"]),
-                          f"{row['time_to_first_frame_s']:.2f} s", f"{row['generated_fps']:.0f}", f"{row['realtime_factor']:.2f}",
+                          "-" if row["load_s"] is None else f"{row['load_s']:.2f} s",
+                          f"{row['time_to_first_frame_s']:.2f} s{tokens}", sampled, f"{row['generated_fps']:.0f}", f"{row['realtime_factor']:.2f}",
                           f"{row['peak_rss_mb']:.0f}", f"{row['rss_mb_first_chunk']:.0f} / {row['rss_mb_last_chunk']:.0f}")
 
-        results = run_bench(cases, reference=ref, speech=speech, out_dir=out_dir, overrides=tuple(overrides or ()), on_result=show)
+        results = run_bench(cases, reference=ref, speech=speech, out_dir=out_dir, overrides=tuple(overrides or ()), on_result=show,
+                            config=config)
         out.table(table)
         for path in write_results(results, out_dir, json_path=json_out):
             out.info(f"Wrote {path}")

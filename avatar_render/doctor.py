@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from avatar_render.errors import AvatarRenderError
 
-
 _MODEL_INSTALL = "install PyTorch for your hardware, then pip install -e '.[model]' (see the README)"
 
 

@@ -15,6 +15,14 @@ from typing import Any, Iterator
 from avatar_render.files import replace_atomically
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_WORK: dict[str, int] = {}  # process-wide counts of work done, e.g. "dit_tokens" (see ``count``)
+
+
+def count(name: str, amount: int) -> None:
+    """Add ``amount`` to the process-wide count ``name`` (e.g. "dit_tokens": tokens through the DiT, one
+    per token and pass). Each chunk record carries the counts since its telemetry began, so the work
+    done before the first frame (or any frame) can be read off the report on any machine."""
+    _WORK[name] = _WORK.get(name, 0) + int(amount)
 
 
 def peak_rss_mb() -> float:
@@ -56,6 +64,11 @@ class Telemetry:
         self.stage_seconds: dict[str, float] = {}
         self._chunk_stage: dict[str, float] = {}
         self._spool = tempfile.TemporaryFile("w+") if keep_records else None
+        self._work0 = dict(_WORK)
+
+    def work(self) -> dict[str, int]:
+        """The work counted (``count``) since this telemetry began."""
+        return {k: v - self._work0.get(k, 0) for k, v in _WORK.items()}
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -78,7 +91,8 @@ class Telemetry:
         stamp = {} if self._spool is None else {
             "t_s": round(self.elapsed(), 4), "rss_mb": round(current_rss_mb(), 1),
             **({} if (gpu := peak_gpu_mb()) is None else {"peak_gpu_mb": round(gpu, 1)}),
-            "stage_s": {k: round(v, 5) for k, v in self._chunk_stage.items()}}
+            "stage_s": {k: round(v, 5) for k, v in self._chunk_stage.items()},
+            **({"work": work} if (work := self.work()) else {})}
         self._chunk_stage = {}
         return stamp
 

@@ -32,13 +32,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("generation", "copy", "move")
 
-# The CLI, killed (SIGKILL, its whole process group) right after the finished file is linked into place.
+# The CLI, stopped while it copies the finished fragmented file into a regular MP4 (when the copy has
+# grown to a random share of the fragmented file's size; should the copy be quicker than the watch,
+# right after it, before it is moved into place): it asks the campaign to kill the whole launch
+# (creates the file $CAMPAIGN_KILL) and waits. argv[1] is the seed.
+KILL_IN_COPY = """
+import os, random, sys, threading, time
+from pathlib import Path
+from avatar_render.job import loop
+real, share = loop.remux_faststart, random.Random(int(sys.argv.pop(1))).uniform(0.05, 0.95)
+def ask_to_be_killed():
+    Path(os.environ["CAMPAIGN_KILL"]).touch()
+    time.sleep(3600)
+def remux(src, dst):
+    target, part = share * os.path.getsize(src), Path(dst).with_name(Path(dst).stem + ".remux" + Path(dst).suffix)
+    def watch():
+        while not (part.exists() and part.stat().st_size >= target):
+            time.sleep(0.0002)
+        ask_to_be_killed()
+    threading.Thread(target=watch, daemon=True).start()
+    real(src, dst)
+    ask_to_be_killed()
+loop.remux_faststart = remux
+from avatar_render.cli import main
+sys.argv = ["avatar-render", *sys.argv[1:]]
+main()
+"""
+
+# The CLI, stopped right after the finished file is linked into place (before the journal's copy is
+# removed): it asks the campaign to kill the whole launch and waits.
 KILL_IN_MOVE = """
-import os, signal, sys
+import os, sys, time
+from pathlib import Path
 from avatar_render.job import loop
 def move(src, dst, **kw):
     os.link(src, dst)
-    os.killpg(os.getpgrp(), signal.SIGKILL)
+    Path(os.environ["CAMPAIGN_KILL"]).touch()
+    time.sleep(3600)
 loop.move_into_place = move
 from avatar_render.cli import main
 sys.argv = ["avatar-render", *sys.argv[1:]]
@@ -60,13 +90,14 @@ def long_speech(src: Path, dst: Path, seconds: float) -> None:
 class Campaign:
     def __init__(self, work: Path, args: argparse.Namespace) -> None:
         self.work, self.a = work, args
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        self.kill_file = work / "kill-now"
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CAMPAIGN_KILL": str(self.kill_file)}
         self.audio = work / "speech.wav"
         long_speech(args.audio, self.audio, args.seconds)
         self.rng = random.Random(args.seed)
 
-    def command(self, output: Path, *extra: str, driver: str | None = None) -> list[str]:
-        cli = ["render", "--ref", str(self.a.ref), "--audio", str(self.audio), "-o", str(output), "-q", *extra]
+    def command(self, output: Path, *extra: str, driver: str | None = None, driver_args: tuple[str, ...] = ()) -> list[str]:
+        cli = [*driver_args, "render", "--ref", str(self.a.ref), "--audio", str(self.audio), "-o", str(output), "-q", *extra]
         if self.a.config:
             cli += ["-c", str(self.a.config)]
         cli += self.a.overrides
@@ -83,7 +114,7 @@ class Campaign:
 
     def start(self, cmd: list[str]) -> subprocess.Popen:
         return subprocess.Popen(cmd, cwd=self.work, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)  # its own process group, killed as a whole
+                                start_new_session=True)  # a session of its own (kill_tree ends all of it)
 
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess:
         return subprocess.run(cmd, cwd=self.work, env=self.env, capture_output=True, text=True)
@@ -97,42 +128,46 @@ class Campaign:
         self.size = out.stat().st_size
         return sha256(out), time.monotonic() - t
 
-    def kill_once(self, output: Path, kind: str, duration: float, resume: bool) -> str:
+    def kill_once(self, output: Path, kind: str, resume: bool) -> str:
         """Start (or resume) the render, kill it as ``kind`` says; what happened, in words."""
         extra = ("--resume",) if resume else ()
-        if kind == "move":
-            proc = self.start(self.command(output, *extra, driver=KILL_IN_MOVE))
-            proc.wait()
-            return f"killed while moving into place (exit {proc.returncode})"
-        proc = self.start(self.command(output, *extra))
         journal = output.with_name(output.name + ".journal")
-        if kind == "copy":  # the final copy writes complete.remux.mp4 in the journal, then renames it
-            deadline = time.monotonic() + 10 * duration
-            while proc.poll() is None and time.monotonic() < deadline:
-                if (journal / "complete.remux.mp4").exists() or (journal / "complete.mp4").exists():
-                    break
-                time.sleep(0.0005)
-        else:  # a random point of the video: when the partial file has grown to that share of the finished one's size
-            partial = output.with_name(output.stem + ".partial.mp4")
-            have = partial.stat().st_size if partial.exists() else 0
-            target = self.rng.uniform(max(0.05, have / self.size), 0.97) * self.size
-            while proc.poll() is None and (not partial.exists() or partial.stat().st_size < target):
-                time.sleep(0.002)
+        if kind in ("move", "copy"):
+            driver, args = (KILL_IN_MOVE, ()) if kind == "move" else (KILL_IN_COPY, (str(self.rng.randrange(2**31)),))
+            self.kill_file.unlink(missing_ok=True)
+            proc = self.start(self.command(output, *extra, driver=driver, driver_args=args))
+            while proc.poll() is None and not self.kill_file.exists():
+                time.sleep(0.001)
+            landed = proc.poll() is None
+            kill_tree(proc.pid)
+            proc.wait()
+            where = "while moving into place" if kind == "move" else "during the final copy"
+            if not landed:
+                return f"{kind}: ended before the kill (exit {proc.returncode}) {proc.stderr.read().decode().strip()[-300:]}"
+            return f"killed {where} ({committed(journal)} frames committed)"
+        # Generation: killed at a random point of the video, when the partial file has grown to that
+        # share of the finished one's size (whatever the machine's load).
+        partial = output.with_name(output.stem + ".partial.mp4")
+        have = partial.stat().st_size if partial.exists() else 0
+        target = self.rng.uniform(max(0.05, have / self.size), 0.97) * self.size
+        proc = self.start(self.command(output, *extra))
+        while proc.poll() is None and (not partial.exists() or partial.stat().st_size < target):
+            time.sleep(0.002)
         alive = proc.poll() is None
         if alive:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
         proc.wait()
         if not alive:
             return f"{kind}: finished before the kill (exit {proc.returncode})"
         return f"killed during {kind} ({committed(journal)} frames committed)"
 
-    def trial(self, i: int, want: str, duration: float) -> bool:
+    def trial(self, i: int, want: str) -> bool:
         output = self.work / f"trial{i}.mp4"
         journal = output.with_name(output.name + ".journal")
         events = []
         for k in range(self.rng.randint(1, 3)):
             kind = want if k == 0 else self.rng.choice(KINDS)
-            events.append(self.kill_once(output, kind, duration, resume=k > 0))
+            events.append(self.kill_once(output, kind, resume=k > 0))
             if kind == "move" or (output.exists() and not journal.exists()):  # nothing left to interrupt
                 break
         self.kills += sum(e.startswith("killed") for e in events)
@@ -150,9 +185,28 @@ class Campaign:
         print(f"uninterrupted render: {duration:.1f} s, sha256 {self.expected[:16]}...", flush=True)
         kinds = [("generation", "copy", "generation", "move", "generation")[j % 5] for j in range(self.a.trials)]
         self.kills = 0
-        matched = sum(self.trial(i, kind, duration) for i, kind in enumerate(kinds))
+        matched = sum(self.trial(i, kind) for i, kind in enumerate(kinds))
         print(f"{matched} of {self.a.trials} trials ({self.kills} kills in all) resumed to a byte-identical MP4")
         return 0 if matched == self.a.trials else 1
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL to ``pid`` and every process below it (torchrun's workers run in sessions of their own, so
+    a process group is not enough): as a machine going down, or a scheduler ending the job, would."""
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def committed(journal: Path) -> int:

@@ -27,8 +27,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from avatar_render.distributed.streaming import BlockStreamer
 from avatar_render.infinitetalk.components import architectures
-from avatar_render.models.grid import frames_in
 from avatar_render.models.dit import build_dit, materialize_random
+from avatar_render.models.grid import frames_in
 from avatar_render.models.sampler import SamplerConfig, passes
 from avatar_render.models.vae import StreamingDecoder, WanVae
 

@@ -22,8 +22,27 @@
 # 7. sr_switches: per-stage times and switches with SR in the loop (a2v -> decode -> sr -> context),
 #    scripts/bench_dist.py on configs/flashtalk-sr720p.yaml, SR DiT resident and offloaded.
 # SKIP_SPEED=1 / SKIP_COMPILE=1 / SKIP_SR=1 leave parts 3 / 4 / 5-7 out.
+#
+#   scripts/gpu_check.sh [OUT_DIR] firstframe   # only issue 19's checks, in under 10 minutes (about 9):
+#
+# F1. levers (scripts/gpu_levers.py, limit 300 s): one full-size DiT pass at the FlashTalk shapes (the
+#     short first chunk, 2 latents; a later chunk, 9 latents) at 640x640 and 768x448, for the eager
+#     baseline and each lever alone (cache_kv, each SDPA backend, compiled blocks, fp8 with torchao, a
+#     CUDA graph) and all that help together: ms per pass, TFLOP/s, MFU against the dense bf16 peak,
+#     FLOPs counted against by hand, and the generated fps of a 4-step chunk (plus the VAE decode, also
+#     timed); then the FlashTalk pipeline run twice in one process, with run.overlap_decode off and on:
+#     warm time to first frame and to the first sampled frames (ms and DiT tokens before them), fps.
+# F2. first_frame (scripts/bench_first_frame.py, limit 200 s): the CLI render of 2 s with the FlashTalk
+#     recipe, chunk.first_frames=0 (as before) and 4: time to first frame in s and DiT tokens, the first
+#     sampled frames, the seam after the first chunk against the others, generated fps.
+# F3. load (scripts/bench_load.py, limit 80 s): 4 of the 14B DiT's 40 blocks written as 7 shards and read
+#     back one file after the other to the host then the GPU (before) and side by side straight to the
+#     GPU (now): seconds and GB/s, and what that makes of the 40-block DiT.
+# The figures go to docs/gpu_levers_<gpu>.json, docs/gpu_first_frame_<gpu>.json and docs/gpu_load_<gpu>.json
+# (docs/benchmarks.md, "First frame and throughput levers", says how to read them), the logs to OUT_DIR.
 set -u
 out=${1:-gpu-results}
+only=${2:-all}
 mkdir -p "$out"
 py=${PYTHON:-python3}
 seconds=${SECONDS_OF_AUDIO:-6}
@@ -50,6 +69,16 @@ with wave.open("examples/talk.wav") as src, wave.open(dst, "wb") as w:
     w.writeframes(src.readframes(int(seconds * src.getframerate())))
 EOF
 box='face.box=[178,69,92,92]'  # the example face: no face-detector files needed on the GPU machine
+if [ "$only" = firstframe ]; then
+  tag=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '[A-Z][0-9]{2,4}[A-Z]*' | head -1 | tr 'A-Z' 'a-z')
+  tag=${tag:-gpu}
+  part levers "${LEVERS_LIMIT:-300}" "$py" scripts/gpu_levers.py --repeats 2 --json "docs/gpu_levers_$tag.json"
+  part first_frame "${FIRST_LIMIT:-200}" "$py" scripts/bench_first_frame.py -c configs/flashtalk.yaml --seconds 2 --first 0,4 \
+    --json "docs/gpu_first_frame_$tag.json" "$box"
+  part load "${LOAD_LIMIT:-80}" "$py" scripts/bench_load.py --layers 4 --json "docs/gpu_load_$tag.json"
+  echo "=== firstframe: done after $SECONDS s; figures in docs/gpu_*_$tag.json"
+  exit 0
+fi
 part render "${RENDER_LIMIT:-170}" "$py" -m avatar_render render --ref examples/face.png --audio "$out/clip.wav" \
   -c configs/flashtalk.yaml -o "$out/render.mp4" --report "$out/render.json" --force "$box"
 part probe 30 "$py" -c '

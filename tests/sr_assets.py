@@ -8,8 +8,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from avatar_render.models.sr.swiftvr import (PROMPT_FILE, PROMPT_KEY, REAE_FILE, TRANSFORMER_DIR, ReaeModule,
-                                             SwiftDiTModule, config_for)
+from avatar_render.models.sr.swiftvr import (
+    PROMPT_FILE,
+    PROMPT_KEY,
+    REAE_FILE,
+    TRANSFORMER_DIR,
+    ReaeModule,
+    SwiftDiTModule,
+    config_for,
+)
 from avatar_render.models.sr.vae2x import DIFFUSERS_DIR, NATIVE_FILE, Upscale2xVae, vae2x_config
 from avatar_render.models.vae import native_vae_table
 

@@ -9,8 +9,8 @@ from safetensors.torch import save_file
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.models.checkpoints import INDEX_NAME, load_dit
-from avatar_render.models.dit_names import diffusers_to_native, native_to_diffusers
 from avatar_render.models.dit import DiTConfig, build_dit, materialize_random
+from avatar_render.models.dit_names import diffusers_to_native, native_to_diffusers
 from avatar_render.models.lora import merge_lora
 
 TINY = DiTConfig.tiny()

@@ -324,13 +324,42 @@ def test_a_failed_launch_resumes_under_torchrun(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text(FAIL_AT)
     args = render_args(tmp_path, audio, "two", *tall)[2:]  # without "-m avatar_render"
-    failed = torchrun(2, [str(script), "4", *args])
+    failed = torchrun(2, [str(script), "6", *args])
     assert failed.returncode != 0 and "--resume to continue from frame" in failed.stderr, failed.stderr[-3000:]
     resumed = torchrun(2, render_args(tmp_path, audio, "two", *tall, "--resume"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming" in resumed.stdout
     assert hashes(tmp_path / "two.json") == hashes(tmp_path / "one.json")
-    assert decoded(tmp_path / "two.mp4").shape == decoded(tmp_path / "one.mp4").shape
+    assert (tmp_path / "two.mp4").read_bytes() == (tmp_path / "one.mp4").read_bytes()  # the very bytes
+
+
+# The CLI whose writing process dies (SIGKILL) right after the finished file is linked into place, before
+# the journal's copy is removed (argv[1:] are the CLI's arguments).
+KILL_IN_MOVE = textwrap.dedent('''
+    import os, signal, sys
+    from avatar_render.job import loop
+    def move(src, dst, **kw):
+        os.link(src, dst)
+        os.kill(os.getpid(), signal.SIGKILL)
+    loop.move_into_place = move
+    from avatar_render.cli import main
+    sys.argv = ["avatar-render", *sys.argv[1:]]
+    main()
+''')
+
+
+def test_a_launch_killed_while_moving_its_output_into_place_is_finished_by_resume(single, tmp_path):
+    """Process 0 finds the render finished and tidies up; the others hear so and run no chunk loop."""
+    audio, mp4, _ = single
+    script = tmp_path / "kill_in_move.py"
+    script.write_text(KILL_IN_MOVE)
+    killed = torchrun(2, [str(script), *render_args(tmp_path, audio, "two")[2:]])
+    assert killed.returncode != 0 and (tmp_path / "two.mp4").exists() and (tmp_path / "two.mp4.journal").is_dir()
+    resumed = torchrun(2, render_args(tmp_path, audio, "two", "--resume"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "was complete" in resumed.stdout
+    assert (tmp_path / "two.mp4").read_bytes() == mp4.read_bytes()
+    assert not (tmp_path / "two.mp4.journal").exists() and not (tmp_path / "two.partial.mp4").exists()
 
 
 @pytest.mark.parametrize("n,height,guard", [(2, 256, 0.0), (3, 16, 0.0), (3, 64, 0.7)])

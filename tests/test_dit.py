@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from avatar_render.models.audio_proj import pack_audio_windows
-from avatar_render.models.dit_names import native_to_diffusers
 from avatar_render.models.dit import DiTConfig, WanAudioDiT, build_dit, materialize_random
+from avatar_render.models.dit_names import native_to_diffusers
 
 FIXTURE = Path(__file__).parent / "fixtures" / "infinitetalk_dit_keys.json"
 TINY = DiTConfig.tiny()

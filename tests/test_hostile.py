@@ -22,9 +22,9 @@ from avatar_render.api import RenderRequest, render
 from avatar_render.cli import app
 from avatar_render.config import load_config
 from avatar_render.io.reference import load_reference
+from avatar_render.job.stop import RenderStopped
 from avatar_render.pipeline.types import RequestInput
 from avatar_render.preview.engine import build_preview
-from avatar_render.job.stop import RenderStopped
 from avatar_render.telemetry import current_rss_mb
 from tests.media import speech_like, write_audio, write_video_without_audio
 

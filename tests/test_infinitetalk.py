@@ -2,7 +2,6 @@
 published layout read through the real loaders. Same classes as the full-size model."""
 
 import math
-import os
 from pathlib import Path
 
 import av
@@ -114,8 +113,8 @@ def test_every_module_ends_on_its_device(weights, model_folder):
 
 def test_encoders_that_run_once_are_freed_after_init_and_load_again(face_png):
     from avatar_render.distributed.mesh import single
-    from avatar_render.job.setup import build_pipeline
     from avatar_render.io.reference import load_reference
+    from avatar_render.job.setup import build_pipeline
     from avatar_render.pipeline.module import Placement
     from avatar_render.pipeline.types import RequestInput
 

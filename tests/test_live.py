@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -96,7 +95,8 @@ def test_srt_listener_gets_every_frame(tmp_path: Path) -> None:
 def test_served_hls_followed_by_ffmpeg_while_rendering(tmp_path: Path) -> None:
     audio = speech(tmp_path / "speech.wav", 12.0)
     out = tmp_path / "out.mp4"
-    proc = subprocess.Popen(render_cmd("--audio", str(audio), "-o", str(out), "--serve", "0", "--serve-linger", "5", "-q"),
+    proc = subprocess.Popen(render_cmd("--audio", str(audio), "-o", str(out), "--serve", "0", "--serve-linger", "5", "-q",
+                                       "chunk.transition_frames=0"),  # 2 s chunks, each a segment
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
     url = re.search(r"http://\S+", proc.stdout.readline()).group(0)
     copy = tmp_path / "copy.mkv"
@@ -196,6 +196,7 @@ def test_hls_playlist_continues_after_a_stop_and_resume(tmp_path: Path) -> None:
     out, playlist = tmp_path / "out.mp4", tmp_path / "hls" / "live.m3u8"
     playlist.parent.mkdir()
     args = ["--audio", str(audio), "-o", str(out), "--live", str(playlist), "-q", "--live-buffer", "1",
+            "chunk.transition_frames=0",  # 2 s chunks, each a segment
             "--live", f"rtmp://127.0.0.1:{free_port()}/live/k"]
     # a paced push target slows the render to real time, so that it can be stopped half-way
     port = int(args[-1].split(":")[2].split("/")[0])
@@ -224,7 +225,7 @@ def test_hls_playlist_continues_after_a_stop_and_resume(tmp_path: Path) -> None:
 def _fragments(spec: WriterSpec, chunks: int, frames: int):
     encoder = ChunkEncoder(spec)
     rng = np.random.default_rng(0)
-    for k in range(chunks):
+    for _k in range(chunks):
         n = round(frames * spec.audio_rate / spec.fps)
         yield encoder, encoder.encode(rng.integers(0, 256, (frames, spec.height, spec.width, 3), dtype=np.uint8),
                                       0.1 * rng.standard_normal((1, n)).astype(np.float32), opens_gop=True)

@@ -12,11 +12,11 @@ import pytest
 
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
+from avatar_render.face.layout import Box, layout_from_box
 from avatar_render.metrics.colour import ciede2000, rgb_to_lab
 from avatar_render.metrics.inspect import inspect_video
 from avatar_render.metrics.motion import PhaseCorrelator
 from avatar_render.metrics.seams import chunk_boundaries, measure_seams
-from avatar_render.face.layout import Box, layout_from_box
 from tests.media import speech_like, write_audio
 
 FPS = 25
@@ -161,6 +161,15 @@ def test_boundaries_follow_the_chunk_plan_with_i_chunks():
     assert got == [(46, "edge"), (50, "seam"), (54, "edge"), (96, "edge"), (100, "seam"), (104, "edge")]
     report["config"]["chunk"]["transition_frames"] = 0
     assert [(b.frame, b.kind) for b in chunk_boundaries(report, 130)] == [(50, "seam"), (100, "seam")]
+
+
+def test_boundaries_follow_a_short_first_chunk_and_the_backends_lead_frame():
+    report = {"config": {"backend": "infinitetalk", "chunk": {"chunk_frames": 16, "context_frames": 5, "transition_frames": 0,
+                                                              "first_frames": 4}},
+              "chunks": [{"start": 0, "end": 1}, {"start": 1, "end": 5}]}  # the first frame published alone is no boundary
+    assert [(b.frame, b.kind) for b in chunk_boundaries(report, 40)] == [(5, "seam"), (21, "seam"), (37, "seam")]
+    report["config"]["chunk"]["first_frames"] = 0
+    assert [b.frame for b in chunk_boundaries(report, 40)] == [17, 33]
 
 
 def test_mouth_follows_speech_energy_or_not(tmp_path):

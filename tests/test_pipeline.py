@@ -2,6 +2,7 @@
 
 import gc
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -12,6 +13,7 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline, StageFailed
 from avatar_render.pipeline.stage import Stage
+from avatar_render.pipeline.state import Checkpoint
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment
 
 LIVE = [0]  # RampChunk objects alive
@@ -143,7 +145,8 @@ def test_wiring_with_wrong_types_is_refused_at_build():
 
 
 def test_prepare_loads_each_module_then_puts_it_on_its_device():
-    """Init's modules first; the chunk loop's after init ran (encoders and DiT never resident together)."""
+    """Init's modules first; the chunk loop's are read meanwhile and put on their device after init ran
+    (encoders and DiT never resident together)."""
     calls = []
 
     class Weights(Module):
@@ -176,8 +179,79 @@ def test_prepare_loads_each_module_then_puts_it_on_its_device():
 
     pipe = Pipeline(init=InitWithWeights(), generate=(GenWithWeights(),), decode=Decode(), sizes=ChunkSizes(10, 2, 4),
                     fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04)
-    assert pipe.prepare(None) == Static(7)
-    assert calls == ["load text", "prefetch text", "load vae", "prefetch vae", "init", "load dit", "prefetch dit"]
+    clocked = []
+
+    @contextmanager
+    def clock(name):
+        clocked.append(name)
+        yield
+
+    assert pipe.prepare(None, clock=clock) == Static(7)
+    ours = [c for c in calls if c != "load dit"]  # the DiT is read beside the init stage, in a thread of its own
+    assert ours == ["load text", "prefetch text", "load vae", "prefetch vae", "init", "prefetch dit"]
+    assert calls.index("load dit") < calls.index("prefetch dit")
+    assert "init" in clocked and "load" in clocked
+
+
+def make_lead(chunk=10, trans=4, ctx=2, *, first=0, lead=0, overlap=False):
+    return Pipeline(init=Init(), generate=(Gen(),), decode=Decode(), sizes=ChunkSizes(chunk, ctx, trans, lead, first),
+                    fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04, overlap_decode=overlap,
+                    lead=(lambda static: Ramp(start=0, end=lead, values=np.arange(lead, dtype=np.float64) + 0.25)) if lead else None)
+
+
+@pytest.mark.parametrize("total", [1, 3, 9, 40, 95])
+@pytest.mark.parametrize("first,lead", [(0, 0), (4, 0), (4, 1), (2, 1), (6, 3)])
+def test_short_first_chunk_and_lead_frames_publish_every_frame_once(total, first, lead):
+    pubs = [p for p in make_lead(first=first, lead=lead).stream(Static(1), FakeAudio(total), seed=0)]
+    assert [p.start for p in pubs] == sorted(p.start for p in pubs) and pubs[-1].end == total
+    assert all(a.end == b.start for a, b in zip(pubs, pubs[1:]))
+    values = np.concatenate([p.frames[:, 0, 0, 0] for p in pubs])
+    assert len(values) == total
+    if lead:  # the lead frames come first, on their own, made from the static conditioning (x.25 values)
+        assert (pubs[0].start, pubs[0].end) == (0, min(lead, total)) and pubs[0].plan.index == 0
+    n0 = lead + (first or 10)
+    n_plans = [p.plan for p in pubs if p.plan.kind == "N"]
+    assert n_plans[0].end == min(n0, total)
+
+
+def test_a_first_chunk_too_short_for_the_transition_is_one_sentence():
+    with pytest.raises(AvatarRenderError, match="chunk.first_frames"):
+        make_lead(trans=8, first=2)
+
+
+@pytest.mark.parametrize("trans,first,lead", [(4, 0, 0), (0, 4, 1), (4, 4, 1)])
+def test_overlapped_decode_yields_the_same_items(trans, first, lead):
+    """Decode in its thread beside the next chunk's generation: the same publications and checkpoints."""
+    def items(overlap):
+        out = []
+        for item in make_lead(trans=trans, first=first, lead=lead, overlap=overlap).stream(
+                Static(1), FakeAudio(77), seed=0, checkpoints=True):
+            if isinstance(item, Checkpoint):
+                out.append(("ckpt", item.plans_done, item.last_plan, item.state.decode_carry, item.state.next_frame,
+                            tuple((s.start, s.end) for s in item.state.pending), tuple(sorted(item.state.anchors))))
+            else:
+                out.append(("pub", item.plan, item.start, item.frames.tobytes(), item.audio.tobytes()))
+        return out
+
+    assert items(True) == items(False)
+
+
+class ResumedAudio(FakeAudio):
+    def release(self, before):  # a resumed loop's fast-forward may release further than it reads next (harmless)
+        self.released = max(self.released, before)
+
+
+def test_resume_from_every_checkpoint_with_a_lead_and_a_short_first_chunk():
+    pipe = make_lead(trans=4, first=4, lead=1)
+    full = list(pipe.stream(Static(1), FakeAudio(60), seed=0, checkpoints=True))
+    pubs = [(p.start, p.frames.tobytes()) for p in full if not isinstance(p, Checkpoint)]
+    for i, ck in enumerate(full):
+        if not isinstance(ck, Checkpoint):
+            continue
+        after = [(p.start, p.frames.tobytes()) for p in full[i + 1:] if not isinstance(p, Checkpoint)]
+        again = [(p.start, p.frames.tobytes()) for p in pipe.stream(Static(1), ResumedAudio(60), seed=0, resume=ck)]
+        assert again == after
+    assert [s for s, _ in pubs][:2] == [0, 1]
 
 
 @pytest.mark.parametrize("error,kind", [(ValueError("bad shape"), StageFailed), (AvatarRenderError("Out of disk."), AvatarRenderError)])

@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from avatar_render.api import RenderRequest, render
-from avatar_render.job.output import partial_path
 from avatar_render.config import load_config
+from avatar_render.job.output import partial_path
 from tests.media import speech_like, write_audio
 
 SMALL = ("video.width=128", "video.height=128", "chunk.chunk_frames=20")
@@ -85,7 +85,7 @@ def test_reference_kinds(tmp_path, face_png, kind):
         with av.open(str(ref), "w") as c:
             s = c.add_stream("libx264", rate=10)
             s.width, s.height, s.pix_fmt = 256, 256, "yuv420p"
-            for i in range(3):
+            for _i in range(3):
                 for p in s.encode(av.VideoFrame.from_ndarray(np.asarray(img.resize((256, 256))), format="rgb24")):
                     c.mux(p)
             for p in s.encode(None):
@@ -108,12 +108,13 @@ def mouth_box(ref: Path, width: int, height: int):
 
 def mouth_activity(frames: np.ndarray, still: np.ndarray, box) -> np.ndarray:
     x, y, w, h = box
-    region = lambda a: a[..., y : y + h, x : x + w, :].astype(np.float32)
+    def region(a):
+        return a[..., y : y + h, x : x + w, :].astype(np.float32)
     return np.abs(region(frames) - region(still)[None]).mean(axis=(1, 2, 3))
 
 
 def test_mouth_follows_speech_and_rests_in_silence(tmp_path, face_png):
-    rate, fps = 16000, 25
+    rate = 16000
     loud = speech_like(2.0, rate)[0]
     t = np.arange(rate) / rate
     tone = (0.4 * np.sin(2 * np.pi * 180 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t))).astype(np.float32)

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import random
-import resource
 import signal
 import subprocess
 import sys
@@ -19,22 +18,21 @@ import numpy as np
 import pytest
 
 from avatar_render.api import RenderRequest, render
-from avatar_render.distributed.mesh import single
-from avatar_render.job.output import partial_path
-from avatar_render.job.setup import build_pipeline
 from avatar_render.config import load_config
+from avatar_render.distributed.mesh import single
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import load_reference
 from avatar_render.io.writer import WriterPosition, replay_start
 from avatar_render.job.journal import Commit, Journal, journal_path, read_safetensors, write_safetensors
-from avatar_render.pipeline.schedule import ChunkPlan
-from avatar_render.pipeline.state import Checkpoint, Flat, RollingState, flatten, unflatten
+from avatar_render.job.output import partial_path
+from avatar_render.job.resume import replay_audio
+from avatar_render.job.setup import build_pipeline
+from avatar_render.job.stop import RenderStopped
+from avatar_render.pipeline.state import Checkpoint, Flat, flatten, unflatten
 from avatar_render.pipeline.types import Published, RequestInput
 from avatar_render.preview.engine import build_preview
 from avatar_render.preview.motion import MotionCarry
-from avatar_render.job.resume import replay_audio
-from avatar_render.job.stop import RenderStopped
 from tests.media import speech_like, write_audio
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -423,16 +421,20 @@ def test_same_inputs_same_frames_in_one_process_and_across_runs(work, face_png, 
         assert chunk_hashes(tmp_path / f"{name}.json") == hashes
 
 
-def test_diffusion_loop_resumes_exactly_and_checkpoints_hold_latents_not_the_decoder_cache(tmp_path, face_png):
+@pytest.mark.parametrize("more", [(), ("chunk.first_frames=4", "run.overlap_decode=true")])
+def test_diffusion_loop_resumes_exactly_and_checkpoints_hold_latents_not_the_decoder_cache(tmp_path, face_png, more):
     """The tiny diffusion backend over 8 s (200 frames, 50 latents: past the decoder's 39-latent
-    window, so resuming late rebuilds its cache from a window that starts mid-stream)."""
-    cfg = load_config(ROOT / "configs" / "tiny.yaml", ("model.steps=1",))
+    window, so resuming late rebuilds its cache from a window that starts mid-stream); also with a
+    short first chunk (frame 0 published before it) and the decode beside the next chunk's sampling.
+    Checkpoints keep neither the decoder's cache nor the cross-attention keys and values."""
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", ("model.steps=1", *more))
     run = chunk_loop(cfg, build_pipeline(cfg, single()), face_png, write_audio(tmp_path / "a.wav", speech_like(8.0, 16000, seed=5), 16000))
     full = run()
     checkpoints = [i for i, item in enumerate(full) if isinstance(item, Checkpoint)]
     for i in (checkpoints[1], checkpoints[-2]):
         carry = full[i].state.decode_carry
         assert carry.cache is None and carry.recent.shape[1] == min(carry.decoded, 39)
+        assert full[i].state.carries[1].kv is None
         rest = run(resume=unflatten(flatten(full[i])))
         want = [p for p in full[i + 1 :] if isinstance(p, Published)]
         got = [p for p in rest if isinstance(p, Published)]

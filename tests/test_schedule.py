@@ -33,20 +33,32 @@ CASES = [
 ]
 
 
+def first_fits(first, lead, trans):
+    """A first chunk that keeps the first seam's left anchor (the schedule's precondition)."""
+    return first is None or (lead + first >= 1 and (trans == 0 or lead + first >= trans // 2 + 1))
+
+
 @pytest.mark.parametrize("total,chunk,trans,ctx", CASES)
 @pytest.mark.parametrize("lead", [0, 1, 3])
-def test_every_frame_published_once_in_order(total, chunk, trans, ctx, lead):
-    plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx, lead_frames=lead)
+@pytest.mark.parametrize("first", [None, 4, 12])
+def test_every_frame_published_once_in_order(total, chunk, trans, ctx, lead, first):
+    if not first_fits(first, lead, trans):
+        pytest.skip("first chunk too short for this transition")
+    plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx, lead_frames=lead, first_frames=first)
     assert simulate_publication(plan) == list(range(total))
     assert sum(e.last for e in plan) == 1 and plan[-1].last
 
 
 @pytest.mark.parametrize("total,chunk,trans,ctx", CASES)
 @pytest.mark.parametrize("lead", [0, 1])
-def test_n_and_i_structure(total, chunk, trans, ctx, lead):
-    plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx, lead_frames=lead)
+@pytest.mark.parametrize("first", [None, 4, 12])
+def test_n_and_i_structure(total, chunk, trans, ctx, lead, first):
+    if not first_fits(first, lead, trans):
+        pytest.skip("first chunk too short for this transition")
+    plan = plan_for(total, chunk_frames=chunk, transition_frames=trans, context_frames=ctx, lead_frames=lead, first_frames=first)
     ns = [e for e in plan if e.kind == "N"]
-    bounds = [0] + list(range(lead + chunk, total, chunk)) + [total]
+    n0 = lead + (chunk if first is None else first)
+    bounds = [0] + list(range(n0, total, chunk)) + [total]
     assert [(e.start, e.end) for e in ns] == list(zip(bounds, bounds[1:]))
     done = {}
     for pos, e in enumerate(plan):
@@ -67,7 +79,7 @@ def test_n_and_i_structure(total, chunk, trans, ctx, lead):
             # anchors are never regenerated: they are published by the N chunks that made them
             assert left.publish_start <= a0 < left.publish_end
             assert right.publish_start <= a1 < right.publish_end
-    if trans == 0 or total <= chunk + lead:
+    if trans == 0 or total <= n0:
         assert all(e.kind == "N" for e in plan)
     else:
         kinds = "".join(e.kind for e in plan)
@@ -87,6 +99,15 @@ def test_lead_frames_align_chunks_to_a_latent_grid():
     plan = plan_for(200, chunk_frames=72, transition_frames=8, context_frames=9, lead_frames=1)
     assert [(e.kind, e.start, e.end) for e in plan if e.kind == "N"] == [("N", 0, 73), ("N", 73, 145), ("N", 145, 200)]
     assert all((e.publish_start - 1) % 4 == 0 for e in plan if e.publish_start)  # 1 + 4k: latent starts
+
+
+def test_short_first_chunk_keeps_the_latent_grid_after_it():
+    plan = plan_for(200, chunk_frames=28, transition_frames=8, context_frames=5, lead_frames=1, first_frames=4)
+    assert [(e.kind, e.start, e.end) for e in plan if e.kind == "N"][:3] == [("N", 0, 5), ("N", 5, 33), ("N", 33, 61)]
+    assert all((e.start - 1) % 4 == 0 for e in plan if e.kind == "N" and e.start)  # every later chunk on a latent start
+    first_seam = next(e for e in plan if e.kind == "I")
+    assert first_seam.index == 0 and first_seam.anchors == (0, 9)  # the I chunk over the seam at frame 5
+    assert plan[0].publish_end == 1 and plan[0].keep == (0,)
 
 
 def test_one_frame_more_than_a_chunk():

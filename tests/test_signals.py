@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from avatar_render.job.output import partial_path
 from avatar_render.job.journal import journal_path
+from avatar_render.job.output import partial_path
 from avatar_render.job.stop import RenderStopped, StopNow, StopSignals
 from tests.test_resume import api_render, assert_same_as_reference, cli, decode, driver, render_args, work  # noqa: F401
 

@@ -23,7 +23,7 @@ from avatar_render.models.sr.swiftvr_dit import SwiftDiTConfig, SwiftVRDiT, rope
 from avatar_render.models.sr.swiftvr_stream import SwiftVRStream, decoder_reach, encoder_reach
 from avatar_render.models.sr.vae2x import NATIVE_FILE, Upscale2xVae, pixel_shuffle_video, vae2x_config
 from avatar_render.models.sr.windows import axis_starts, window_plan
-from avatar_render.models.vae import StreamingDecoder, VaeConfig, WanVae, native_vae_table
+from avatar_render.models.vae import StreamingDecoder, native_vae_table
 from avatar_render.pipeline.state import flatten, unflatten
 from tests.model_assets import write_vae
 from tests.sr_assets import write_swiftvr, write_vae2x

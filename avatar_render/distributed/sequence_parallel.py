@@ -48,11 +48,11 @@ def _local(x: Tensor, dim: int, size: int, rank: int) -> Tensor:
 def tokens_to_heads(x: Tensor, group) -> Tensor:
     """[B, L/P, H, D] on each process -> [B, L, H/P, D] (process j's tokens come j-th)."""
     p = dist.get_world_size(group)
-    b, l, h, d = x.shape
-    send = x.reshape(b, l, p, h // p, d).permute(2, 0, 1, 3, 4).contiguous()  # [P, B, L/P, H/P, D]
+    b, tokens, h, d = x.shape
+    send = x.reshape(b, tokens, p, h // p, d).permute(2, 0, 1, 3, 4).contiguous()  # [P, B, L/P, H/P, D]
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)  # recv[j]: process j's tokens, my heads
-    return recv.permute(1, 0, 2, 3, 4).reshape(b, p * l, h // p, d)
+    return recv.permute(1, 0, 2, 3, 4).reshape(b, p * tokens, h // p, d)
 
 
 def heads_to_tokens(x: Tensor, group) -> Tensor:

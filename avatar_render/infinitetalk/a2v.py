@@ -14,10 +14,11 @@ import torch
 
 from avatar_render.infinitetalk.types import AudioWindow, LatentChunk, ModelStatic
 from avatar_render.models.grid import latent_of, latents_in
-from avatar_render.models.sampler import Evaluate, SamplerConfig, sample, serial
+from avatar_render.models.sampler import Evaluate, SamplerConfig, passes, sample, serial
 from avatar_render.models.vae import WanVae
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.stage import Stage
+from avatar_render.telemetry import count
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,10 @@ class ContextCarry:
     # "reencode": [16, n, h, w], all the latents that chunk's model saw (a stream that decodes on its own).
     # None before N0.
     latents: Optional[torch.Tensor]
+    # model.cache_kv: every DiT block's cross-attention keys and values of the request's prompt ("text")
+    # and negative prompt ("null") with its reference image, made by the first pass that needed them.
+    # Not saved in checkpoints (made again after a resume).
+    kv: Optional[dict[str, tuple]] = None
 
 
 def reencoded(vae: WanVae, chunk_latents: torch.Tensor, context_frames: int) -> torch.Tensor:
@@ -42,6 +47,13 @@ def pinned(kind: str, carry: ContextCarry, static: ModelStatic, anchors: tuple) 
     return (static.ref_latent if carry.latents is None else carry.latents), 0
 
 
+def dit_tokens(config, latent_shape: tuple[int, ...]) -> int:
+    """Tokens of one DiT pass over latents [16, n, h, w] (all of them, whatever the processes share)."""
+    _, n, h, w = latent_shape
+    pt, ph, pw = config.patch_size
+    return (n // pt) * (h // ph) * (w // pw)
+
+
 class A2VStage(Stage[AudioWindow, LatentChunk]):
     name = "a2v"
     input_type = AudioWindow
@@ -49,13 +61,14 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
 
     def __init__(self, *, dit: Module, vae: WanVae, sampler: SamplerConfig, context_frames: int, context_mode: str,
                  evaluate: Evaluate = serial) -> None:
-        self.dit = dit  # a module whose .model is the WanAudioDiT
+        self.dit = dit  # a DiTModule: .model is the WanAudioDiT, .predict one pass with the levers of .speed
         self.evaluate = evaluate  # how a step's guidance passes are run (dist.cfg_parallel spreads them over processes)
         self.vae = vae
         self.sampler = sampler
         self.context_frames = context_frames
         self.context_latents = latents_in(context_frames)  # m: latents that condition the next chunk
         self.context_mode = context_mode
+        count("dit_tokens", 0)  # declared: chunk records carry it from the first one on
 
     def modules(self) -> tuple[Module, ...]:
         return (self.dit, self.vae) if self.context_mode == "reencode" else (self.dit,)
@@ -63,10 +76,13 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
     def init_carry(self, static: Any) -> ContextCarry:
         return ContextCarry(latents=None)
 
+    def saved_carry(self, carry: ContextCarry) -> ContextCarry:
+        return ContextCarry(latents=carry.latents)  # the keys and values are made again (hundreds of MB at 14B)
+
     def run(self, x: AudioWindow, *, static: ModelStatic, carry: ContextCarry) -> tuple[LatentChunk, ContextCarry]:
         plan = x.chunk.plan
         if self.context_mode == "reencode" and plan.kind == "N" and carry.latents is not None:
-            carry = ContextCarry(latents=reencoded(self.vae, carry.latents, self.context_frames))
+            carry = ContextCarry(latents=reencoded(self.vae, carry.latents, self.context_frames), kv=carry.kv)
         front, n_back = pinned(plan.kind, carry, static, x.chunk.anchors)
         back = x.chunk.anchors[1] if n_back else None
         noise = x.noise
@@ -81,6 +97,8 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
         zero_audio = torch.zeros_like(audio)
         text, text_null = static.text.to(device, dtype), static.text_null.to(device, dtype)
         texts = {"cond": text, "no_text": text_null, "uncond": text_null, "no_audio": text}
+        variant = {"cond": "text", "no_text": "null", "uncond": "null", "no_audio": "text"}
+        kv = dict(carry.kv or {}) if self.dit.speed.cache_kv else None
         clip_fea = static.clip_fea.to(device, dtype)
         front = front.to(device, torch.float32)
         back = None if back is None else back.to(device, torch.float32)
@@ -96,13 +114,19 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
             inp = torch.cat([z.to(device, dtype)[None], cond], dim=1)  # [1, 36, n, h, w]
             a = zero_audio if name in ("uncond", "no_audio") else audio
             with torch.no_grad():
-                v = model(inp, t.to(device), texts[name], clip_fea, a)
+                if kv is None:
+                    v = self.dit.predict(inp, t.to(device), texts[name], clip_fea, a)
+                elif variant[name] in kv:
+                    v = self.dit.predict(inp, t.to(device), None, None, a, cross_kv=kv[variant[name]])
+                else:
+                    v, kv[variant[name]] = self.dit.predict(inp, t.to(device), texts[name], clip_fea, a, keep_kv=True)
             return v[0].float()
 
         latents = sample(self.sampler, noise=noise.float().to(device), predict=predict, pin=pin, evaluate=self.evaluate).cpu()
+        count("dit_tokens", dit_tokens(model.config, noise.shape) * self.sampler.steps * len(passes(self.sampler)))
         if plan.kind == "I":
-            return LatentChunk(plan=plan, latents=latents, first_latent=latent_of(plan.start)), carry
+            return LatentChunk(plan=plan, latents=latents, first_latent=latent_of(plan.start)), ContextCarry(carry.latents, kv)
         new = latents if plan.start == 0 else latents[:, m:]  # N0 publishes its reference latent as frame 0
         out = LatentChunk(plan=plan, latents=new, first_latent=latent_of(plan.start))
         keep = latents if self.context_mode == "reencode" else new[:, -self.context_latents :]
-        return out, ContextCarry(latents=keep.clone())
+        return out, ContextCarry(latents=keep.clone(), kv=kv)

@@ -29,6 +29,7 @@ from avatar_render.models.dit import (
     materialize_random,
     param_dtype,
 )
+from avatar_render.models.dit_speed import DiTSpeed, GraphedCalls, apply_speed, attention_context, check_speed
 from avatar_render.models.image_encoder import ImageEncoder, ImageEncoderConfig
 from avatar_render.models.text_encoder import TextEncoder, TextEncoderConfig
 from avatar_render.models.vae import VaeConfig, WanVae
@@ -47,12 +48,15 @@ class DiTModule(TorchModule):
     def __init__(self, config: DiTConfig, *, root: Optional[Path], audio_module: Optional[Path],
                  loras: tuple[tuple[Path, float], ...] = (), device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                 parallel: Optional[DiTPlan] = None, stream_blocks: int = 0) -> None:
+                 parallel: Optional[DiTPlan] = None, stream_blocks: int = 0, speed: DiTSpeed = DiTSpeed()) -> None:
         super().__init__(device=device, dtype=dtype, seed=seed, shard=parallel.apply if parallel else None)
         self.config, self.root, self.audio_module, self.loras = config, root, audio_module, loras
         self.plan = parallel  # how the DiT is split across processes (dist.parallelize)
         self.stream_blocks = stream_blocks if parallel is None else 0  # >0: blocks in pinned host memory, this many ahead
         self.streamer: Optional[BlockStreamer] = None
+        self.speed = speed  # the throughput levers (models/dit_speed.py)
+        self._attention = attention_context(speed.attention)
+        self._graphed: Optional[GraphedCalls] = None
 
     def _load(self) -> None:
         if self.root is None:
@@ -70,6 +74,19 @@ class DiTModule(TorchModule):
             for name, child in net.named_children():  # everything but the blocks stays on the device
                 if name != "blocks":
                     nn.Module.to(child, self.device)
+        apply_speed(self.net, self.speed)
+
+    def predict(self, x: torch.Tensor, t: torch.Tensor, context: Optional[torch.Tensor], clip_fea: Optional[torch.Tensor],
+                audio: torch.Tensor, *, cross_kv=None, keep_kv: bool = False):
+        """One DiT pass (``WanAudioDiT.forward``) with the levers that act per call: the SDPA backend and,
+        with ``cuda_graphs``, a replayed graph (the passes that hand back their keys and values run eagerly)."""
+        with self._attention():
+            if self.speed.cuda_graphs and not keep_kv:
+                if self._graphed is None:
+                    net = self.net
+                    self._graphed = GraphedCalls(lambda x, t, c, f, a, kv: net(x, t, c, f, a, cross_kv=kv))
+                return self._graphed(x, t, context, clip_fea, audio, cross_kv)
+            return self.net(x, t, context, clip_fea, audio, cross_kv=cross_kv, keep_kv=keep_kv)
 
     def _sharded_from_files(self, plan: DiTPlan) -> nn.Module:
         """Shard first, then read: every process reads each tensor and keeps its own piece, so no
@@ -122,7 +139,10 @@ class DiTModule(TorchModule):
         return WanAudioDiT(self.config)
 
     def read_weights(self, net: nn.Module) -> None:
-        read_dit_weights(net, self.root, audio=self.audio_module, dtype=self.dtype, loras=self.loras)
+        # Resident in one process: each tensor straight from the file's memory map to its device (no host
+        # copy on the way). Sharded or streamed: to the host, where the shards or the block streamer take them.
+        to = self.device if self.plan is None and not self.stream_blocks else "cpu"
+        read_dit_weights(net, self.root, audio=self.audio_module, dtype=self.dtype, loras=self.loras, device=to)
 
     @property
     def model(self) -> WanAudioDiT:
@@ -164,6 +184,10 @@ def architectures(size: str) -> Architectures:
     return Architectures(dit=DiTConfig.infinitetalk_14b(), vae=VaeConfig(), text=TextEncoderConfig(), image=ImageEncoderConfig(), audio=None)
 
 
+def dit_speed(m: ModelConfig) -> DiTSpeed:
+    return DiTSpeed(compile=m.compile, attention=m.attention, fp8=m.fp8, cuda_graphs=m.cuda_graphs, cache_kv=m.cache_kv)
+
+
 def make_components(m: ModelConfig, *, seed: int, parallel: Optional[DiTPlan] = None,
                     text_shard: Optional[Callable[[nn.Module], None]] = None,
                     device: Optional[torch.device] = None, stream_dit: int = 0) -> Components:
@@ -187,10 +211,12 @@ def make_components(m: ModelConfig, *, seed: int, parallel: Optional[DiTPlan] = 
     elif root is not None:  # in the folder, or where the family's download puts it beside the folder
         audio_module = find_audio_module(root) or find_audio_module(root.parent / "InfiniteTalk")
     loras = ((Path(m.lora).expanduser(), m.lora_scale),) if m.lora else ()
+    speed = dit_speed(m)
+    check_speed(speed, device, distributed=parallel is not None, streamed=stream_dit > 0)
     kw = dict(device=device, seed=seed)
     return Components(
         dit=DiTModule(dit_cfg, root=root, audio_module=audio_module, loras=loras, dtype=dtype, parallel=parallel,
-                      stream_blocks=stream_dit, **kw),
+                      stream_blocks=stream_dit, speed=speed, **kw),
         vae=WanVae(vae_cfg, path=root, dtype=getattr(torch, m.vae_dtype), **kw),
         text=TextEncoder(text_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, shard=text_shard, **kw),
         image=ImageEncoder(image_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, **kw),

@@ -32,7 +32,6 @@ from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import Frames
 
-
 _TRACKING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sr-face-track")
 
 

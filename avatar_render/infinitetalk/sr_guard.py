@@ -25,8 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from avatar_render.face.layout import Box, FaceLayout
 from avatar_render.face.identity import face_descriptor
+from avatar_render.face.layout import Box, FaceLayout
 from avatar_render.face.patches import luma, mouth_region, patch
 from avatar_render.face.track import TRACK_GROW, PhaseCorrelator
 from avatar_render.models.sr.geometry import Cover

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -149,6 +150,36 @@ class AudioContext(Stage[ChunkInput, AudioWindow]):
         noise = _NOISE.submit(chunk_noise, seed, (16, num_latents, *self.latent_hw))  # while the encoder runs
         feats = self.audio.encode(window, num_frames=num_frames, pad_s=AUDIO_MARGIN_S, first_frame=first, fps=fps)
         return AudioWindow(chunk=x, first_frame=first, features=feats[None], noise=noise.result()), None
+
+
+def reference_lead(static: ModelStatic) -> LatentSegment:
+    """Frame 0 of the published stream: N0's first latent is the reference's, pinned at every step, so
+    its pixels are known before N0 is sampled (the pipeline's ``lead``)."""
+    return LatentSegment(start=0, end=1, latents=static.ref_latent)
+
+
+def side_stream(device: torch.device) -> Callable[[], AbstractContextManager]:
+    """The decode jobs' context with ``run.overlap_decode``: on a GPU, a CUDA stream of their own, so the
+    decode runs beside the next chunk's sampling; each job is ordered after the work queued before it
+    was handed over (made in the loop's thread) and ends with its stream synchronised. On a CPU: nothing."""
+    if torch.device(device).type != "cuda":
+        return nullcontext
+    stream = torch.cuda.Stream(device)
+
+    def context() -> AbstractContextManager:
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(device))
+        return _on(stream, ready)
+
+    return context
+
+
+@contextmanager
+def _on(stream: "torch.cuda.Stream", ready: "torch.cuda.Event") -> Iterator[None]:
+    stream.wait_event(ready)
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()
 
 
 class LatentDecode(Stage[LatentSegment, Frames]):

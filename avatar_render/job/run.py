@@ -64,10 +64,6 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry:
         return _run_live_only(request, mesh, live, telemetry=telemetry, on_progress=on_progress, on_message=on_message,
                               should_stop=should_stop)
     output = Path(request.output)
-    if finished_before(output):
-        on_message("info", f"{shown(output)} was complete; the files its render had left beside it are removed.")
-        if request.resume:
-            return _finished_report(output, cfg)
     check_output(output, force=request.force)
     report = None if request.report is None else Path(request.report)
     check_report(report, output, force=request.force)
@@ -117,6 +113,18 @@ def _run_live_only(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, 
         broadcast(mesh, None)
         loop = ChunkLoop(request, job, telemetry, None, on_progress=on_progress, should_stop=should_stop, live=live)
         return loop.run(None, None)
+
+
+def finished_render(request: RenderRequest, on_message: OnMessage) -> Optional[RenderReport]:
+    """The report of a render of this output found finished (killed after it was put in place, before
+    it tidied up: the leftovers are removed), when the request resumes it; else None."""
+    if request.output is None:
+        return None
+    output = Path(request.output)
+    if not finished_before(output):
+        return None
+    on_message("info", f"{shown(output)} was complete; the files its render had left beside it are removed.")
+    return _finished_report(output, request.config) if request.resume else None
 
 
 def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[Commit], telemetry: Telemetry,

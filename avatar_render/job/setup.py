@@ -58,14 +58,13 @@ class Prepared:
 def prepared(cfg: Config, reference: Path, audio: Path, mesh: Mesh, *,
              clock: Clock = lambda name: nullcontext()) -> Iterator[Prepared]:
     """Build the pipeline, open the inputs and compute the static conditioning; the audio stays open
-    inside the block. ``clock(name)`` times the parts ("inputs", "init")."""
+    inside the block. ``clock(name)`` times the parts ("inputs", "load", "init")."""
     pipeline = build_pipeline(cfg, mesh)
     with clock("inputs"):
         image = load_reference(reference)
         reader = AudioReader(audio, fps=cfg.fps, model_rate=pipeline.audio_rate)
     with reader:
-        with clock("init"):
-            static = pipeline.prepare(request_input(cfg, image, reference))
+        static = pipeline.prepare(request_input(cfg, image, reference), clock=clock)  # times "load" and "init"
         del image
         yield Prepared(pipeline=pipeline, static=static, audio=reader)
 

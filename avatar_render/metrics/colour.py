@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from avatar_render.metrics.regions import Reference, eye_regions, mouth_region, patch
 from avatar_render.face.layout import FaceLayout
+from avatar_render.metrics.regions import Reference, eye_regions, mouth_region, patch
 from avatar_render.metrics.series import OverTime, Track
 
 NOTICEABLE_DE = 2.0  # CIEDE2000 difference an attentive viewer notices side by side

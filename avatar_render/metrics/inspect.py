@@ -20,8 +20,8 @@ from avatar_render.metrics.identity import IdentityResult, IdentityTracker
 from avatar_render.metrics.motion import HeadMotionResult, HeadTracker
 from avatar_render.metrics.regions import Reference, fitted_reference, frame_reference, luma
 from avatar_render.metrics.seams import FrameChange, SeamResult, load_report, seam_result
-from avatar_render.metrics.sharpness import FaceSharpness, SharpnessResult
 from avatar_render.metrics.series import Track
+from avatar_render.metrics.sharpness import FaceSharpness, SharpnessResult
 from avatar_render.metrics.speech import MouthActivity, MouthSyncResult, iter_frame_levels, mouth_sync
 from avatar_render.metrics.video import iter_frames, probe_video
 

@@ -1,8 +1,9 @@
 """Seam ratio: the frame-to-frame change at chunk boundaries against the median change inside chunks.
 
-A render's ``--report`` JSON holds its chunk settings and one record per published chunk. N chunks
-meet at multiples of ``chunk.chunk_frames`` ("seams"); with I chunks, the frames around each seam
-come from the I chunk, which meets the N chunks at its own two edges ("edges"). The change at
+A render's ``--report`` JSON holds its chunk settings and backend, from which the chunk plan is rebuilt.
+N chunks meet at each later N chunk's first frame ("seams": multiples of ``chunk.chunk_frames`` after
+the first chunk's ``chunk.first_frames`` and the backend's lead frames); with I chunks, the frames
+around each seam come from the I chunk, which meets the N chunks at its own two edges ("edges"). The change at
 frame t is the mean absolute difference of luma between frames t-1 and t. A ratio of 1.0 means the
 boundaries change no more than a typical frame inside a chunk: the seams are invisible.
 """
@@ -66,26 +67,28 @@ def load_report(path: str | Path) -> dict[str, Any]:
     return report
 
 
+# Frames N0 generates before its chunk_frames, per backend (the pipeline's lead_frames): the diffusion
+# backend's first latent holds one frame, so its later chunks start at 1 + 4k.
+LEAD_FRAMES = {"infinitetalk": 1}
+
+
 def chunk_boundaries(report: dict[str, Any], frames: int) -> tuple[Boundary, ...]:
     """Where the frames of one chunk meet those of the next, in a video of ``frames`` frames.
 
-    The plan is rebuilt from the report's chunk settings (the same schedule the renderer ran) and
-    checked against its per-chunk records; if they disagree (an older or edited report), the
-    boundaries are the multiples of ``chunk_frames`` plus the edges of the published records.
+    The plan is rebuilt from the report's config (its chunk settings and backend: the same schedule
+    the renderer ran, a short first chunk included): N chunks meet at each later N chunk's first frame
+    ("seams"); with I chunks the frames around each seam come from the I chunk, which meets the N
+    chunks at its published range's two ends ("edges"). The report's records are not used: a chunk
+    may publish in pieces (the first frame early) and one record may hold another chunk's frames.
     """
-    chunk = report["config"]["chunk"]
+    config = report["config"]
+    chunk = config["chunk"]
     size, transition = int(chunk["chunk_frames"]), int(chunk.get("transition_frames", 0))
-    seams = {f for f in range(size, frames, size)}
-    plans = [p for p in plan_for(frames, chunk_frames=size, transition_frames=transition,
-                                 context_frames=int(chunk.get("context_frames", 0)))
-             if p.publish_end > p.publish_start]
-    records = [(int(r["start"]), int(r["end"])) for r in report.get("chunks", []) if "start" in r and "end" in r]
-    if records and records != [(p.publish_start, p.publish_end) for p in plans]:
-        starts = {s for s, _ in records if 0 < s < frames}
-    else:
-        # A published range ends where the frames' source changes (an I chunk publishes the seam region).
-        starts = {p.publish_start for p in plans if p.publish_start > 0}
-    edges = starts - seams
+    first = int(chunk.get("first_frames", 0) or 0) or size
+    plans = plan_for(frames, chunk_frames=size, transition_frames=transition, context_frames=int(chunk.get("context_frames", 0)),
+                     lead_frames=LEAD_FRAMES.get(config.get("backend"), 0), first_frames=first) if frames else []
+    seams = {p.start for p in plans if p.kind == "N" and p.start > 0}
+    edges = {f for p in plans if p.kind == "I" for f in (p.publish_start, p.publish_end) if 0 < f < frames} - seams
     return tuple(sorted([Boundary(f, "seam") for f in seams] + [Boundary(f, "edge") for f in edges], key=lambda b: b.frame))
 
 

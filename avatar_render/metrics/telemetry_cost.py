@@ -26,7 +26,6 @@ import avatar_render.api as api
 from avatar_render.config import load_config
 from avatar_render.telemetry import Telemetry, write_report
 
-
 _STAGE_LOOPS, _RECORD_LOOPS, _SETUP_LOOPS = 20_000, 5_000, 200
 
 

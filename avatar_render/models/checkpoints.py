@@ -20,7 +20,9 @@ Every tensor is read once, cast, and assigned into the meta-built model: no seco
 from __future__ import annotations
 
 import json
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,31 +151,60 @@ def load_into(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     keep_fp32: bool = True,
+    workers: int | None = None,
 ) -> None:
-    """Stream the tensors file by file into ``model`` (meta or materialised), casting each one.
-    Parameters already sharded across processes (DTensors) receive this process's piece alone."""
+    """Stream the tensors into ``model`` (meta or materialised), casting each one, the files read side
+    by side (``workers`` threads: safetensors' memory map and the copies release the GIL, so reading and
+    casting overlap across files). Each tensor is read from the file's memory map straight to ``device``
+    (no host copy of its own on the way to a GPU). Parameters already sharded across processes
+    (DTensors) receive this process's piece alone: a slice of the map, so only its pages are read."""
     from avatar_render.distributed.parallelize import local_piece
 
     device = torch.device(device)
+    workers = max(1, min(8, (os.cpu_count() or 1) // 2)) if workers is None else workers  # (a 2-core host reads one at a time)
     modules = dict(model.named_modules())
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for name, src in sources.items():
         by_file.setdefault(src.file, []).append((name, src.stored_name))
-    for file, names in by_file.items():
+
+    def read(file: Path, names: list[tuple[str, str]]) -> None:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name, stored in names:
-                t = f.get_tensor(stored)  # a view of the file's memory map
                 mod_name, _, leaf = name.rpartition(".")
                 existing = modules[mod_name]._parameters[leaf]
                 if is_sharded(existing):  # sharded before reading: keep this process's piece alone
-                    if (pair := local_piece(existing, t)) is not None:
+                    rows = _rows_of(existing)
+                    if rows is not None:  # split on the first dim: read those rows only
+                        local = existing.to_local()
+                        if local.numel():
+                            local.copy_(f.get_slice(stored)[rows[0] : rows[1]])
+                    elif (pair := local_piece(existing, f.get_tensor(stored))) is not None:
                         pair[0].copy_(pair[1])
-                    del t
                     continue
+                t = f.get_tensor(stored)  # a view of the file's memory map
                 target = t.dtype if dtype is None else param_dtype(name, dtype, keep_fp32=keep_fp32)
                 p = t.to(device=device, dtype=target, copy=True)  # owned: the map is released with the file
                 modules[mod_name]._parameters[leaf] = nn.Parameter(p, requires_grad=False)
                 del t, p
+
+    if len(by_file) == 1 or workers <= 1:
+        for file, names in by_file.items():
+            read(file, names)
+        return
+    with ThreadPoolExecutor(max_workers=min(workers, len(by_file)), thread_name_prefix="weights") as pool:
+        for done in [pool.submit(read, file, names) for file, names in by_file.items()]:
+            done.result()
+
+
+def _rows_of(param: torch.Tensor) -> tuple[int, int] | None:
+    """The rows [a, b) of a parameter sharded on its first dim that this process holds (FSDP2 splits
+    like ``torch.chunk``), or None when it is split on another dim."""
+    (placement,) = param.placements
+    if getattr(placement, "dim", None) != 0:
+        return None
+    n, size, i = param.shape[0], param.device_mesh.size(), param.device_mesh.get_local_rank()
+    step = -(-n // size)
+    return min(i * step, n), min((i + 1) * step, n)
 
 
 def read_dit_weights(

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from avatar_render.models.audio_proj import AudioProjection
 from avatar_render.models.dit_blocks import (
+    CrossKV,
     DiTBlock,
     Head,
     ImageEmbedding,
@@ -172,7 +173,8 @@ class WanAudioDiT(nn.Module):
     def device(self) -> torch.device:
         return self.patch_embedding.weight.device
 
-    def forward(self, x: Tensor, t: Tensor, context: Tensor, clip_fea: Tensor, audio: Tensor) -> Tensor:
+    def forward(self, x: Tensor, t: Tensor, context: Tensor | None, clip_fea: Tensor | None, audio: Tensor, *,
+                cross_kv: tuple[CrossKV, ...] | None = None, keep_kv: bool = False) -> Tensor | tuple[Tensor, tuple[CrossKV, ...]]:
         """Predict the flow for one batch of latent video chunks.
 
         x:        [B, in_dim, F_lat, H_lat, W_lat]: channels = 16 noisy latents, 4 mask, 16 latents of
@@ -187,6 +189,8 @@ class WanAudioDiT(nn.Module):
                   hidden states (see ``audio_proj``). Zeros = the "no audio" guidance pass.
         returns:  [B, out_dim, F_lat, H_lat, W_lat] float32 predicted flow (noise - x0).
         H_lat and W_lat must be multiples of the spatial patch size.
+        cross_kv: every block's text/image keys and values from an earlier pass with the same context
+                  and clip_fea (which are then not read: pass None); keep_kv: return them beside the flow.
         """
         c = self.config
         b, _, f_lat, h_lat, w_lat = x.shape
@@ -195,7 +199,7 @@ class WanAudioDiT(nn.Module):
         want_audio = (b, c.video_frames(f_lat), c.audio_window, c.audio_layers, c.audio_dim)
         if tuple(audio.shape) != want_audio:
             raise ValueError(f"audio has shape {tuple(audio.shape)}; expected {want_audio}")
-        if context.shape[1] > c.text_len:
+        if cross_kv is None and context.shape[1] > c.text_len:
             raise ValueError(f"context has {context.shape[1]} tokens; at most {c.text_len} are supported")
         dtype, device = self.dtype, self.device
 
@@ -210,16 +214,22 @@ class WanAudioDiT(nn.Module):
         e = linear_f32(torch.nn.functional.silu(e), self.time_embedding[2])  # [B, C] float32
         e0 = linear_f32(torch.nn.functional.silu(e), self.time_projection[1]).unflatten(1, (6, c.dim))
 
-        pad = c.text_len - context.shape[1]
-        text = torch.nn.functional.pad(context.to(device=device, dtype=dtype), (0, 0, 0, pad))
-        text = self.text_embedding(text)  # [B, text_len, C]
-        image = self.img_emb(clip_fea.to(device=device, dtype=dtype))  # [B, 257, C]
+        text = image = None
+        if cross_kv is None:  # (only the blocks' keys and values read the embedded text and image)
+            pad = c.text_len - context.shape[1]
+            text = torch.nn.functional.pad(context.to(device=device, dtype=dtype), (0, 0, 0, pad))
+            text = self.text_embedding(text)  # [B, text_len, C]
+            image = self.img_emb(clip_fea.to(device=device, dtype=dtype))  # [B, 257, C]
         audio_tokens = self.audio_proj(audio.to(device=device, dtype=dtype))  # [B, F_lat, N_audio, audio_output_dim]
 
-        for block in self.blocks:
-            tokens = block(tokens, e=e0, rope=rope, text=text, image=image, audio=audio_tokens)
-        out = self.head(tokens, e)  # [B, L, prod(patch) * out_dim] float32
-        return self.unpatchify(out, grid)
+        kept = []
+        for i, block in enumerate(self.blocks):
+            tokens, kv = block(tokens, e=e0, rope=rope, text=text, image=image, audio=audio_tokens,
+                               kv=None if cross_kv is None else cross_kv[i])
+            if keep_kv:
+                kept.append(kv)
+        out = self.unpatchify(self.head(tokens, e), grid)  # [B, L, prod(patch) * out_dim] float32 -> [B, C, F, H, W]
+        return (out, tuple(kept)) if keep_kv else out
 
     def unpatchify(self, x: Tensor, grid: tuple[int, ...]) -> Tensor:
         """x: [B, f*h*w, pt*ph*pw*C] -> [B, C, f*pt, h*ph, w*pw]."""

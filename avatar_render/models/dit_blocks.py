@@ -55,6 +55,8 @@ class AffineLayerNorm(nn.LayerNorm):
 
 # ---- attention ops: q [B, Lq, H, D], k/v [B, Lk, H, D] -> [B, Lq, H, D] -------------------------
 
+CrossKV = tuple[Tensor, Tensor, Tensor, Tensor]  # one block's text k, v and image k, v: [B, L, H, D] each
+
 
 def full_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Every query attends to every key (no mask)."""
@@ -67,11 +69,11 @@ def frame_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
     The queries of latent frame f attend only to the N audio tokens of frame f.
     """
-    b, l, h, d = q.shape
+    b, tokens, h, d = q.shape
     f, n = k.shape[1], k.shape[2]
-    qf = q.reshape(b * f, l // f, h, d)
+    qf = q.reshape(b * f, tokens // f, h, d)
     out = full_attention(qf, k.reshape(b * f, n, h, d), v.reshape(b * f, n, h, d))
-    return out.reshape(b, l, h, d)
+    return out.reshape(b, tokens, h, d)
 
 
 # ---- rotary position embedding ---------------------------------------------------------------
@@ -155,14 +157,23 @@ class ImageTextCrossAttention(_Projections):
         self.v_img = nn.Linear(dim, dim)
         self.norm_k_img = RMSNorm(dim, eps)
 
-    def forward(self, x: Tensor, text: Tensor, image: Tensor) -> Tensor:
-        """x: [B, L, C], text: [B, L_text, C], image: [B, L_img, C] (embedded) -> [B, L, C]."""
+    def static_kv(self, text: Tensor, image: Tensor) -> CrossKV:
+        """The keys and values of the text and image tokens: [B, L_text or L_img, H, D] each. They depend
+        on the request's static conditioning only, so a request may compute them once (``forward(kv=...)``)."""
         heads = (self.num_heads, -1)
+        return (self.norm_k(self.k(text)).unflatten(2, heads), self.v(text).unflatten(2, heads),
+                self.norm_k_img(self.k_img(image)).unflatten(2, heads), self.v_img(image).unflatten(2, heads))
+
+    def forward(self, x: Tensor, text: Tensor | None, image: Tensor | None, kv: CrossKV | None = None) -> tuple[Tensor, CrossKV]:
+        """x: [B, L, C], text: [B, L_text, C], image: [B, L_img, C] (embedded) -> ([B, L, C], their keys
+        and values); with ``kv`` (from an earlier pass of the same request) text and image are not read."""
+        heads = (self.num_heads, -1)
+        kv = self.static_kv(text, image) if kv is None else kv
+        k, v, k_img, v_img = kv
         q = self.norm_q(self.q(x)).unflatten(2, heads)
-        out = self.op(q, self.norm_k(self.k(text)).unflatten(2, heads), self.v(text).unflatten(2, heads))
-        k_img = self.norm_k_img(self.k_img(image)).unflatten(2, heads)
-        out_img = self.op(q, k_img, self.v_img(image).unflatten(2, heads))
-        return self.o((out + out_img).flatten(2))
+        out = self.op(q, k, v)
+        out_img = self.op(q, k_img, v_img)
+        return self.o((out + out_img).flatten(2)), kv
 
 
 class AudioCrossAttention(nn.Module):
@@ -212,16 +223,19 @@ class DiTBlock(nn.Module):
         text: Tensor,
         image: Tensor,
         audio: Tensor,
-    ) -> Tensor:
-        """x: [B, L, C] (param dtype); e: [B, 6, C] float32 time modulation -> [B, L, C]."""
+        kv: CrossKV | None = None,
+    ) -> tuple[Tensor, CrossKV]:
+        """x: [B, L, C] (param dtype); e: [B, 6, C] float32 time modulation -> ([B, L, C], the
+        cross-attention's keys and values: given as ``kv``, text and image are not read)."""
         dtype = x.dtype
         shift, scale, gate, c_shift, c_scale, c_gate = (self.modulation.float() + e).chunk(6, dim=1)
         h = (layer_norm_f32(x, self.eps) * (1 + scale) + shift).to(dtype)
         x = (x.float() + self.self_attn(h, rope).float() * gate).to(dtype)
-        x = x + self.cross_attn(self.norm3(x), text, image)
+        out, kv = self.cross_attn(self.norm3(x), text, image, kv)
+        x = x + out
         x = x + self.audio_cross_attn(self.norm_x(x), audio)
         h = (layer_norm_f32(x, self.eps) * (1 + c_scale) + c_shift).to(dtype)
-        return (x.float() + self.ffn(h).float() * c_gate).to(dtype)
+        return (x.float() + self.ffn(h).float() * c_gate).to(dtype), kv
 
 
 class Head(nn.Module):

@@ -8,8 +8,8 @@ conditional, text dropped (negative prompt, audio kept), and unconditional (nega
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Callable
 
 import torch

@@ -8,6 +8,7 @@ assigned in place of the meta tensors, so no second full copy of the weights is 
 from __future__ import annotations
 
 import json
+import threading
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -17,6 +18,10 @@ from torch import nn
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.pipeline.module import Module, Placement
+
+# Random weights come from the global generator, seeded per module: one module at a time, so that they do not
+# depend on which modules load side by side (the pipeline reads the chunk loop's modules beside the init stage).
+_GLOBAL_RNG = threading.Lock()
 
 # (name, tensor) pairs in the model's naming; [] = a known tensor the model does not use; None = unknown.
 Converted = list[tuple[str, torch.Tensor]] | None
@@ -208,7 +213,7 @@ class TorchModule(Module):
             self.read_weights(net)
         else:  # random weights, made where they will run
             devices = [self.device] if self.device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices):
+            with _GLOBAL_RNG, torch.random.fork_rng(devices=devices):
                 torch.manual_seed(self.seed)
                 with torch.device(self.device):
                     net = self.build()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any, Callable, Generator, Iterator, Protocol, get_type_hints
+from typing import Any, Callable, Generator, Iterator, Optional, Protocol, get_type_hints
 
 import numpy as np
 
@@ -30,12 +32,37 @@ class AudioSource(Protocol):
     def release(self, before_frame: int) -> None: ...
 
 
+Clock = Callable[[str], AbstractContextManager]
+
+# The publishing slot's worker (``overlap_decode``) and the loader of the chunk loop's modules
+# (``prepare``): one thread each, so jobs run in the order they were given.
+_DECODE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+_LOAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load")
+
+
 @dataclass(frozen=True)
 class ChunkSizes:
     chunk_frames: int
     context_frames: int
     transition_frames: int
     lead_frames: int = 0  # extra frames in N0, to align chunks to a backend's latent grid
+    first_frames: int = 0  # frames of N0 after the lead ones; 0 = chunk_frames
+
+    @property
+    def first(self) -> int:
+        return self.first_frames or self.chunk_frames
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A plan entry's final segments handed to the publishing slot; ``state`` is the rolling state
+    right after the entry with them taken out of ``pending`` (its checkpoint, less the decode carry)."""
+
+    number: int
+    plan: ChunkPlan
+    state: "RollingState"
+    segments: tuple[Segment, ...]
+    result: Optional[Future]  # -> (frames of each segment, the decode carry after them); None: decoded as they go out
 
 
 @dataclass(frozen=True)
@@ -48,6 +75,16 @@ class Pipeline:
     audio_rate: int  # sample rate of the model audio
     audio_pad_s: float  # audio the context stage needs on each side of a chunk
     notes: tuple[str, ...] = ()  # what the user should know about how this pipeline was set up (warnings)
+    # Frames [0, lead_frames) known from the static conditioning alone (the diffusion backend's first
+    # latent is the reference's): published before N0 is generated, so the first frame waits for no chunk.
+    lead: Optional[Callable[[Any], Segment]] = None
+    # Decode (and SR) a plan entry's frames in a thread of their own while the next entry is generated;
+    # the items yielded are the same, each publication and checkpoint one entry later (from N1 on: N0's
+    # frames, the first sampled ones, go out at once).
+    overlap_decode: bool = False
+    # Entered around each decode job in that thread, made in the loop's thread when the job is handed
+    # over (a GPU backend puts the decode on a stream of its own there, ordered after the work before).
+    decode_context: Callable[[], AbstractContextManager] = nullcontext
 
     def __post_init__(self) -> None:
         check_chain((self.init,), first_input=RequestInput, last_output=object)
@@ -55,6 +92,12 @@ class Pipeline:
         # What the generation chain hands to decode is whatever its output's segment() returns.
         segment_type = get_type_hints(self.generate[-1].output_type.segment).get("return", Segment) if self.generate else Segment
         check_chain((self.decode,), first_input=segment_type, last_output=Frames)
+        z = self.sizes
+        if z.transition_frames and z.lead_frames + z.first < z.transition_frames // 2 + 1:
+            raise AvatarRenderError(
+                f"Config key 'chunk.first_frames' ({z.first}) is too short for chunk.transition_frames "
+                f"({z.transition_frames}): the first chunk must hold at least {z.transition_frames // 2 + 1 - z.lead_frames} "
+                "frames so that the I chunk over its seam has a frame to start from.")
 
     def audio_kept_from(self, plan: ChunkPlan) -> int:
         """The first frame whose audio the chunk loop may still read once ``plan`` is done: I chunks
@@ -66,19 +109,30 @@ class Pipeline:
         stages = (self.init, *self.generate, self.decode)
         return tuple(m for s in stages for m in s.modules())
 
-    def prepare(self, request: RequestInput) -> Any:
+    def prepare(self, request: RequestInput, *, clock: Clock = lambda name: nullcontext()) -> Any:
         """Load the modules, put each where it runs, and compute the static conditioning of one request.
 
-        The init stage's modules come first and the others only after it ran: the encoders it frees
-        (run once per request) and the chunk loop's modules (the DiT) are never on the device together.
+        The init stage's modules are loaded and run first; the chunk loop's modules (the DiT) are
+        read meanwhile in a thread of their own and put on their device only after it ran, so the
+        encoders it frees (run once per request) and the DiT are never on the device together unless
+        a module loads straight onto it (random weights do). ``clock`` times "load" (the wait for
+        weights) and "init" (the init stage) apart.
         """
         first = self.init.modules()
-        for module in first:
-            self._place(module)
-        static, _ = self.init.run(request, static=None, carry=None)
-        for module in self.modules():
-            if not any(module is m for m in first):
-                self._place(module)
+        rest = _unique(m for m in self.modules() if not any(m is f for f in first))
+        loading = _LOAD.submit(_load_all, rest, _current_cuda_device())
+        try:
+            with clock("load"):
+                for module in first:
+                    self._place(module)
+            with clock("init"):
+                static, _ = self.init.run(request, static=None, carry=None)
+        finally:
+            with clock("load"):
+                loading.result()  # (also when init failed: no thread left reading)
+        with clock("load"):
+            for module in rest:
+                module.prefetch()  # weights read into host memory go to their device (no-op for host-only modules)
         return static
 
     @staticmethod
@@ -87,8 +141,7 @@ class Pipeline:
         module.prefetch()  # weights read into host memory go to their device (no-op for host-only modules)
 
     def stream(
-        self, static: Any, audio: AudioSource, *, seed: int,
-        clock: Callable[[str], AbstractContextManager] = lambda name: nullcontext(),
+        self, static: Any, audio: AudioSource, *, seed: int, clock: Clock = lambda name: nullcontext(),
         resume: Checkpoint | None = None, checkpoints: bool = False,
     ) -> Iterator[Published | Checkpoint]:
         """Run the chunk loop; yield every output frame exactly once, in order, as soon as it is final.
@@ -101,14 +154,28 @@ class Pipeline:
         """
         state, done = self._start(static, resume)
         number = -1
+        job: Optional[_Job] = None  # the entry being decoded while the next one is generated (overlap_decode)
         for number, plan in enumerate(self._plans(audio)):
             if number < done:
                 self._fast_forward(plan, audio, last=resume.last_plan if number == done - 1 else None)
                 continue
+            if number == 0 and self.lead is not None and plan.publish_end >= self.sizes.lead_frames:
+                # The lead frames go out before N0 is generated (and never in a thread: nothing would overlap).
+                state = replace(state, pending=state.pending + (self.lead(static),))
+                lead = self._hand_over(-1, plan, state, static, clock=clock, overlap=False)
+                state = yield from self._collect(lead, static, audio, clock=clock, checkpoints=False)
             state = self._generate(plan, state, static, audio, seed=seed, clock=clock)
-            state = yield from self._publish(plan, state, static, audio, clock=clock)
-            if checkpoints:
-                yield self._checkpoint(number + 1, plan, state)
+            if job is not None:
+                state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints, into=state)
+            # (N0's frames are the first sampled ones: they go out at once, not after N1)
+            overlap = self.overlap_decode and number > 0
+            job = self._hand_over(number, plan, state, static, clock=clock, overlap=overlap)
+            state = job.state
+            if not overlap:
+                state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints)
+                job = None
+        if job is not None:
+            state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints)
         if number + 1 < done:
             raise CannotResume("The saved chunk plan is longer than this audio, so the render cannot be resumed.")
         assert not state.pending and not state.anchors, "every frame published, every anchor used"
@@ -128,7 +195,7 @@ class Pipeline:
     def _plans(self, audio: AudioSource) -> Iterator[ChunkPlan]:
         return iter_schedule(chunk_frames=self.sizes.chunk_frames, transition_frames=self.sizes.transition_frames,
                              context_frames=self.sizes.context_frames, lead_frames=self.sizes.lead_frames,
-                             frames_upto=audio.probe)
+                             first_frames=self.sizes.first, frames_upto=audio.probe)
 
     def _fast_forward(self, plan: ChunkPlan, audio: AudioSource, *, last: ChunkPlan | None) -> None:
         """A plan entry done before the resume point: only the audio moves on (``last``: the saved
@@ -138,7 +205,7 @@ class Pipeline:
         audio.release(self.audio_kept_from(plan))
 
     def _generate(self, plan: ChunkPlan, state: RollingState, static: Any, audio: AudioSource, *, seed: int,
-                  clock: Callable[[str], AbstractContextManager]) -> RollingState:
+                  clock: Clock) -> RollingState:
         """One plan entry through the generation stages: its anchors kept, its final part queued for decode."""
         with clock("audio"):
             window = audio.model_audio(plan.start, plan.end, pad_s=self.audio_pad_s)
@@ -150,31 +217,86 @@ class Pipeline:
                 x, carries[i] = _run(stage, x, static=static, carry=carries[i], plan=plan)
         generated: Generated = x
         state = replace(state, carries=tuple(carries)).with_anchors({f: generated.anchor(f) for f in plan.keep}, drop=plan.anchors)
-        if plan.publish_end > plan.publish_start:
-            state = replace(state, pending=state.pending + (generated.segment(plan.publish_start, plan.publish_end),))
+        start = max(plan.publish_start, state.next_frame)  # (N0 after its lead frames went out)
+        if plan.publish_end > start:
+            state = replace(state, pending=state.pending + (generated.segment(start, plan.publish_end),))
         return state
 
-    def _publish(self, plan: ChunkPlan, state: RollingState, static: Any, audio: AudioSource, *,
-                 clock: Callable[[str], AbstractContextManager]) -> Generator[Published, None, RollingState]:
-        """Decode and yield every pending segment that is next in frame order; return the state after."""
-        T = self.sizes.transition_frames
+    def _hand_over(self, number: int, plan: ChunkPlan, state: RollingState, static: Any, *, clock: Clock,
+                   overlap: bool) -> _Job:
+        """Take every pending segment that is next in frame order out of the state; with ``overlap``,
+        start decoding them in the decode thread (else ``_collect`` decodes each just before it goes out,
+        so each chunk record times its own decode)."""
+        segments = []
         while True:
             state, segment = state.pop_ready()
             if segment is None:
-                return state
-            frames, decode_carry = _run_timed(self.decode, segment, static=static, carry=state.decode_carry, plan=plan,
-                                              clock=clock)
-            state = replace(state, decode_carry=decode_carry)
+                break
+            segments.append(segment)
+        result = None
+        if overlap:
+            result = _DECODE.submit(self._decode_all, tuple(segments), state.decode_carry, static, plan, clock,
+                                    self.decode_context())
+        return _Job(number=number, plan=plan, state=state, segments=tuple(segments), result=result)
+
+    def _decode_all(self, segments: tuple[Segment, ...], carry: Any, static: Any, plan: ChunkPlan, clock: Clock,
+                    context: AbstractContextManager) -> tuple[list[Frames], Any]:
+        out = []
+        with context:
+            for segment in segments:
+                frames, carry = _run_timed(self.decode, segment, static=static, carry=carry, plan=plan, clock=clock)
+                out.append(frames)
+        return out, carry
+
+    def _collect(self, job: _Job, static: Any, audio: AudioSource, *, clock: Clock, checkpoints: bool,
+                 into: Optional[RollingState] = None) -> Generator[Published | Checkpoint, None, RollingState]:
+        """Yield a job's frames with their audio (and, with ``checkpoints``, the checkpoint of its plan
+        entry); return the state after it: the job's own, or ``into`` (a later entry's) with its decode carry."""
+        T = self.sizes.transition_frames
+        decoded, decode_carry = job.result.result() if job.result is not None else (None, job.state.decode_carry)
+        for i, segment in enumerate(job.segments):
+            if decoded is None:
+                frames, decode_carry = _run_timed(self.decode, segment, static=static, carry=decode_carry, plan=job.plan,
+                                                  clock=clock)
+            else:
+                frames = decoded[i]
             with clock("audio"):
                 out_audio = audio.output_audio(segment.start, segment.end)
-            yield Published(plan=plan, start=frames.start, frames=frames.frames, audio=out_audio)
+            yield Published(plan=job.plan, start=frames.start, frames=frames.frames, audio=out_audio)
             # I chunks reach back before what was published last: keep their audio.
             audio.release(max(0, segment.start - T - 1 - math.ceil(self.audio_pad_s * self.fps)))
+        done = replace(job.state, decode_carry=decode_carry)
+        if checkpoints:
+            yield self._checkpoint(job.number + 1, job.plan, done)
+        return done if into is None else replace(into, decode_carry=decode_carry)
 
     def _checkpoint(self, plans_done: int, plan: ChunkPlan, state: RollingState) -> Checkpoint:
         saved = replace(state, carries=tuple(s.saved_carry(c) for s, c in zip(self.generate, state.carries)),
                         decode_carry=self.decode.saved_carry(state.decode_carry))
         return Checkpoint(plans_done=plans_done, last_plan=plan, state=saved)
+
+
+def _unique(modules) -> tuple[Module, ...]:
+    out: list[Module] = []
+    for m in modules:
+        if not any(m is o for o in out):
+            out.append(m)
+    return tuple(out)
+
+
+def _current_cuda_device() -> Optional[int]:
+    """This thread's CUDA device when the process uses one (a launch's process has its own), else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_device()
+
+
+def _load_all(modules: tuple[Module, ...], cuda_device: Optional[int]) -> None:
+    if cuda_device is not None:  # the loading thread computes where the loop's thread does
+        sys.modules["torch"].cuda.set_device(cuda_device)
+    for module in modules:
+        module.load()
 
 
 def _run(stage: Stage, x: Any, *, static: Any, carry: Any, plan: ChunkPlan) -> tuple[Any, Any]:
@@ -188,8 +310,7 @@ def _run(stage: Stage, x: Any, *, static: Any, carry: Any, plan: ChunkPlan) -> t
         raise StageFailed(stage.name, f"{plan.kind}{plan.index}", exc) from exc
 
 
-def _run_timed(stage: Stage, x: Any, *, static: Any, carry: Any, plan: ChunkPlan,
-               clock: Callable[[str], AbstractContextManager]) -> tuple[Any, Any]:
+def _run_timed(stage: Stage, x: Any, *, static: Any, carry: Any, plan: ChunkPlan, clock: Clock) -> tuple[Any, Any]:
     """``_run`` timed by ``clock``; a chain of stages in one slot (decode, then SR) stage by stage, each
     under its own name and with its own carry."""
     if not isinstance(stage, StageChain):

@@ -9,7 +9,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import BinaryIO, Optional
+from typing import BinaryIO
 
 import av
 

@@ -21,7 +21,14 @@ from avatar_render.distributed.streaming import BlockStreamer
 from avatar_render.errors import AvatarRenderError
 from avatar_render.models.sr.reae import Reae, ReaeConfig
 from avatar_render.models.sr.swiftvr_dit import SwiftDiTConfig, SwiftVRDiT, fp32_island
-from avatar_render.models.weights import TorchModule, by_table, load_checkpoint, read_json, read_tensors, safetensors_shards
+from avatar_render.models.weights import (
+    TorchModule,
+    by_table,
+    load_checkpoint,
+    read_json,
+    read_tensors,
+    safetensors_shards,
+)
 from avatar_render.pipeline.module import Placement
 
 REAE_FILE = "reae.safetensors"
