@@ -203,3 +203,24 @@ def test_face_off_centre_and_template_fallback(tmp_path):
         )
         frame = render_frame(static.rig, row(open_=0.5))
         assert np.abs(frame.astype(np.int16) - static.rig.image).max() > 30  # the mouth moved
+
+
+def test_a_short_first_chunk_publishes_the_first_frames_early(tmp_path):
+    """chunk.first_frames reaches the preview's chunk sizes: N0 holds that many frames and goes out first;
+    the chunks after it keep their size."""
+    from avatar_render.pipeline.types import Published
+    from tests.media import speech_like, write_audio
+
+    audio = write_audio(tmp_path / "a.wav", speech_like(6.0, 16000, seed=3), 16000)
+    starts = {}
+    for first in (0, 8):
+        cfg = load_config(None, ("video.width=128", "video.height=128", f"chunk.first_frames={first}"))
+        pipe = build_preview(cfg)
+        assert pipe.sizes.first == (first or cfg.chunk.chunk_frames)
+        static = pipe.prepare(request_input(cfg, load_reference(FACE), FACE))
+        with AudioReader(audio, fps=cfg.fps, model_rate=pipe.audio_rate) as reader:
+            pubs = [p for p in pipe.stream(static, reader, seed=0) if isinstance(p, Published)]
+        starts[first] = [(p.start, p.end) for p in pubs]
+        assert pubs[-1].end == 150 and all(p.frames.shape[1:] == (128, 128, 3) for p in pubs)
+    assert starts[8][0] == (0, 8 - cfg.chunk.transition_frames // 2)
+    assert starts[0][0][1] > 8

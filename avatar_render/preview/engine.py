@@ -276,7 +276,9 @@ def build_preview(cfg: Config) -> Pipeline:
             ),
         ),
         decode=PreviewRender(),
-        sizes=ChunkSizes(cfg.chunk.chunk_frames, cfg.chunk.context_frames, cfg.chunk.transition_frames),
+        sizes=ChunkSizes(
+            cfg.chunk.chunk_frames, cfg.chunk.context_frames, cfg.chunk.transition_frames, first_frames=cfg.chunk.first_frames
+        ),
         fps=cfg.fps,
         audio_rate=SPEECH_RATE,
         audio_pad_s=max(PHONE_PAD_S, float(2 / Fraction(cfg.fps))),
