@@ -44,6 +44,14 @@ class FaceTracker:
         self.reference = reference
         self._grey = None if image is None else cv2.cvtColor(image, cv2.COLOR_RGB2GRAY).astype(np.float32)
         self._still = None if still is None else still.astype(np.uint8)
+        self._box: tuple[int, int, int, int] | None = None
+        if self._grey is not None and self._still is not None and self._still.any():
+            # ECC over the still region's box only (with a margin for the head's travel): its cost is per pixel.
+            x, y, w, h = cv2.boundingRect(self._still)
+            m = round(0.1 * max(w, h))
+            x0, y0 = max(0, x - m), max(0, y - m)
+            x1, y1 = min(self._grey.shape[1], x + w + m), min(self._grey.shape[0], y + h + m)
+            self._box = (x0, y0, x1, y1)
         self.scale = reference.eye_distance
         self._last: fm.FaceMesh | None = None
         self._detector = FaceDetector()
@@ -59,16 +67,22 @@ class FaceTracker:
         head, _ = cv2.estimateAffinePartial2D(self.reference.at(fm.RIGID), mesh.at(fm.RIGID), method=cv2.LMEDS)
         if self._grey is not None:
             grey = cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY).astype(np.float32)
+            x0, y0, x1, y1 = self._box or (0, 0, grey.shape[1], grey.shape[0])
+            # Both cropped at (x0, y0) (the mask marks the frame's pixels to use): the map between the crops
+            # is the head's conjugated by that shift.
+            shift = np.array([[1, 0, x0], [0, 1, y0], [0, 0, 1]], np.float64)
+            back = np.linalg.inv(shift)
             try:
                 _, fine = cv2.findTransformECC(
-                    self._grey,
-                    grey,
-                    head.astype(np.float32),
+                    self._grey[y0:y1, x0:x1],
+                    grey[y0:y1, x0:x1],
+                    (back @ np.vstack([head, (0, 0, 1)]) @ shift)[:2].astype(np.float32),
                     cv2.MOTION_AFFINE,
                     (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 60, 1e-5),
-                    self._still,
+                    self._still[y0:y1, x0:x1],
                     5,
                 )
+                fine = (shift @ np.vstack([fine.astype(np.float64), (0, 0, 1)]) @ back)[:2]
             except cv2.error:  # no convergence: keep the landmarks' estimate
                 fine = None
             # (ECC can run away on a frame; a refinement is only taken near where the landmarks put the head)
@@ -126,10 +140,11 @@ def still_mask(mesh: fm.FaceMesh, shape: tuple[int, int]) -> np.ndarray:
 
 
 def undo_head(frame: np.ndarray, head: np.ndarray) -> np.ndarray:
-    """The frame warped back by its head similarity (reference geometry)."""
+    """The frame warped back by its head similarity (reference geometry); bicubic, so that the measure adds
+    less blur of its own than a bilinear resampling would."""
     h, w = frame.shape[:2]
     return cv2.warpAffine(
-        frame, cv2.invertAffineTransform(head), (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+        frame, cv2.invertAffineTransform(head), (w, h), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REPLICATE
     )
 
 

@@ -102,7 +102,7 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     skin = _median_colour(image, mesh.at(_CHEEKS))
     # The inside of the mouth is the dark red of its lining, in shadow, whatever the lips' colour.
     red = float(skin @ np.array([0.299, 0.587, 0.114], np.float32)) * np.array(_MOUTH_RED, np.float32)
-    interior = (red * np.float32(0.13), red * np.float32(0.3), red * np.float32(0.7))
+    interior = (red * np.float32(0.2), red * np.float32(0.38), red * np.float32(0.7))
     if mesh.mouth_width() < MIN_MOUTH_PX:
         return FaceRig(
             image=image,
