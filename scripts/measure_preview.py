@@ -27,7 +27,7 @@ Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all pr
 * silence: frames 30 dB below the loud passages for 0.12 s either side (as ``inspect``).
 * blinks: the eye opening falling under 85 % of its median (the landmark model reads a fully closed eye
   of the example at 73 % of an open one).
-* still: SSIM to the reference after undoing the head's motion (an affine map fitted to rigid landmarks,
+* still: SSIM to the reference after undoing the head's motion (bicubic) (an affine map fitted to rigid landmarks,
   refined by aligning the frame's pixels to the reference's there), over
   the head and its surroundings without the mouth/jaw and eye regions; background: SSIM outside the head.
 * teeth: where the reference shows teeth, the best normalised correlation of that patch with the
@@ -275,7 +275,9 @@ def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None) -
         "blinks": blink_count(eyes),
         "blinks_per_minute": round(blink_count(eyes) / (n / fps / 60), 1),
         "ssim_still_mean": round(float(np.mean(ssim_still)), 4),
+        "ssim_still_p5": round(float(np.percentile(ssim_still, 5)), 4),
         "ssim_still_min": round(float(np.min(ssim_still)), 4),
+        "ssim_still_frames_over_0.95": f"{int(np.sum(np.array(ssim_still) >= 0.95))}/{n}",
         "ssim_background_min": round(float(np.nanmin(ssim_bg)), 4),
     }
     if teeth:

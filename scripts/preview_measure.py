@@ -112,7 +112,8 @@ def main() -> None:
     for name, m in figures["recordings"].items():
         line = [f"aperture r {m['r_aperture_vs_level']} (>= 0.6)",
                 f"silence/speech aperture {m['aperture_silence_over_speech']} (< 0.1)",
-                f"blinks {m['blinks_per_minute']}/min (8-30)", f"still SSIM {m['ssim_still_mean']} (>= 0.95)",
+                f"blinks {m['blinks_per_minute']}/min (8-30)", f"still SSIM mean {m['ssim_still_mean']}, 5th pct {m['ssim_still_p5']}, min {m['ssim_still_min']}, "
+                f"frames >= 0.95: {m['ssim_still_frames_over_0.95']}",
                 f"teeth {m.get('teeth_present_frames')}"]
         if "mbp_closed_by_aperture" in m:
             line.append(f"m/b/p closed {m['mbp_closed_by_aperture']} (>= 80 %)")

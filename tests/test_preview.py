@@ -159,9 +159,10 @@ def test_rest_is_the_reference_and_teeth_stay_the_references(example):
         rig.image, (xs - d_up[0]).astype(np.float32)[None], (ys - d_up[1]).astype(np.float32)[None], cv2.INTER_LINEAR
     )[0].astype(np.float32)
     assert len(ys) > 50 and np.abs(opened[ys, xs] - moved).mean() < 6
-    # Below them the mouth has opened: darker than the lower lip was.
-    gap = rig.mesh.points[14] + (0, 3)
-    assert opened[int(gap[1]), int(gap[0])].mean() < 0.6 * ref[int(gap[1]) + 6, int(gap[0])].mean()
+    # Below them, half way to the lowered lower lip, the mouth has opened: darker than the lower lip was.
+    d_low = rig.mouth.teeth(0.6)[1]
+    gap = rig.mesh.points[14] + d_up + 0.5 * (d_low - d_up)
+    assert opened[int(gap[1]), int(gap[0])].mean() < 0.6 * ref[int(rig.mesh.points[14][1]) + 6, int(gap[0])].mean()
 
 
 def test_closures_blinks_and_head_motion_move_only_their_parts(example):

@@ -113,7 +113,7 @@ def ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def still_mask(mesh: fm.FaceMesh, shape: tuple[int, int]) -> np.ndarray:
     """(H, W) bool: the head and its surroundings without the mouth and jaw and without the eyes, which move.
 
-    The mouth and jaw region is the face below the nose tip (the oval's lower part), widened a little; each
+    The mouth and jaw region is the face below the nose tip (the oval's lower part), grown by a quarter; each
     eye is its lid contours' box, grown to include the brow's travel."""
     h, w = shape
     keep = np.zeros((h, w), np.uint8)
@@ -124,7 +124,8 @@ def still_mask(mesh: fm.FaceMesh, shape: tuple[int, int]) -> np.ndarray:
     _, ey = mesh.axes()
     # The lips carry the skin up to the nose with them: the mouth region starts a little above its tip.
     nose = float((mesh.points[1] - centre) @ ey) - 0.15 * mesh.eye_distance
-    lower = [p for p in centre + (oval - centre) * 1.12 if (p - centre) @ ey > nose]
+    # (grown by a quarter: the chin's travel when the jaw drops)
+    lower = [p for p in centre + (oval - centre) * 1.25 if (p - centre) @ ey > nose]
     if lower:
         d = mesh.eye_distance
         pts = np.array(
