@@ -40,6 +40,7 @@ SLOW_LEVEL_S = 0.4  # time constant of the slow level
 NOD_S = 0.5  # length of a nod
 NOD_GAP_S = 0.3  # shortest time between two nods
 PAUSE_CLOSE = 1.0  # how far the lips close in a pause (1: they meet)
+CLOSURE_SATURATE = 1.6  # a lip closure that co-articulation leaves 1 / this done is made complete
 PAUSE_HOLD_S = 2.0  # they stay so for this long after speech stops
 PAUSE_FADE_S = 1.5  # then go back to the reference's mouth over this long
 
@@ -132,10 +133,10 @@ def shape_mouth(
     out = np.empty_like(targets)
     # How far the jaw drops follows the loudness (the syllable's energy); the sound's own openness (a wide
     # "ah", a narrow "ee", a consonant) shapes it. Closures saturate: a lip closure that co-articulation
-    # leaves four fifths done is made complete.
+    # leaves 1 / CLOSURE_SATURATE done is made complete.
     openness = np.minimum(OPEN_FLOOR + (1 - OPEN_FLOOR) * o / 0.9, 1.0)
     loud = QUIET_GAIN + (LOUD_GAIN - QUIET_GAIN) * level**LEVEL_POWER
-    out[:, 0] = np.where(o > 0, openness * loud * gain, np.maximum(o * 1.25, -1.0)) * voiced + rest * (1 - voiced)
+    out[:, 0] = np.where(o > 0, openness * loud * gain, np.maximum(o * CLOSURE_SATURATE, -1.0)) * voiced + rest * (1 - voiced)
     out[:, 1] = w * voiced
     return np.clip(out, -1.0, 1.0).astype(np.float32)
 

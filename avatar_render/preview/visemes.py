@@ -79,8 +79,10 @@ def mouth_targets(phones: tuple[Phone, ...], times: np.ndarray) -> np.ndarray:
             continue
         dt = times[near] - centre
         sigma = np.where(dt < 0, ahead, behind)
-        # Long sounds hold their shape: the bump is flat over the middle half of the phone.
-        bump = np.exp(-((np.maximum(np.abs(dt) - 0.5 * half, 0.0) / sigma) ** 2))
+        # Long sounds hold their shape: the bump is flat over the middle half of the phone; a closure over all
+        # of its hold (the lips stay shut until the release, whatever the next vowel's anticipation).
+        flat = half if closure else 0.5 * half
+        bump = np.exp(-((np.maximum(np.abs(dt) - flat, 0.0) / sigma) ** 2))
         num[near, 0] += pull_o * bump * o
         num[near, 1] += pull_w * bump * w
         den[near, 0] += pull_o * bump
