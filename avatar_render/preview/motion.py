@@ -40,7 +40,7 @@ SLOW_LEVEL_S = 0.4  # time constant of the slow level
 NOD_S = 0.5  # length of a nod
 NOD_GAP_S = 0.3  # shortest time between two nods
 PAUSE_CLOSE = 1.0  # how far the lips close in a pause (1: they meet)
-CLOSURE_SATURATE = 1.6  # a lip closure that co-articulation leaves 1 / this done is made complete
+CLOSURE_SATURATE = 1.25  # a lip closure that co-articulation leaves 1 / this done is made complete
 PAUSE_HOLD_S = 2.0  # they stay so for this long after speech stops
 PAUSE_FADE_S = 1.5  # then go back to the reference's mouth over this long
 

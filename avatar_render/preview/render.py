@@ -182,7 +182,7 @@ def _lip_seam(out: np.ndarray, rig: FaceRig, p: np.ndarray, inv: np.ndarray, fwd
     if not line.any():
         return
     region = out[sub.slices].astype(np.float32)
-    out[sub.slices] = np.clip(region * (1 - 0.25 * line)[..., None] + 0.5, 0, 255).astype(np.uint8)
+    out[sub.slices] = np.clip(region * (1 - 0.2 * line)[..., None] + 0.5, 0, 255).astype(np.uint8)
 
 
 def _interior(

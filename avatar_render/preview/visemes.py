@@ -21,7 +21,7 @@ AHEAD_S = 0.075  # extra reach of a phone's dominance before it (anticipation: 5
 BEHIND_S = 0.04  # and after it
 MIN_PHONE_S = 0.02
 CLOSURE_REACH = 0.25  # closures pull hard but briefly: their reach is this fraction of the others'
-CLOSURE_HOLD_S = 0.1  # longest time the lips stay pressed together for one m, b or p
+CLOSURE_HOLD_S = 0.08  # longest time the lips stay pressed together for one m, b or p
 
 # phone: (open, width, pull on open, pull on width)
 _CLASSES: dict[tuple[str, ...], tuple[float, float, float, float]] = {
@@ -50,9 +50,9 @@ _CLASSES: dict[tuple[str, ...], tuple[float, float, float, float]] = {
     ("TH", "DH"): (0.2, 0.1, 0.6, 0.3),
     ("L",): (0.32, 0.1, 0.6, 0.3),
     ("K", "G", "NG", "HH"): (0.22, 0.0, 0.25, 0.2),  # shaped by their neighbours
-    # A pause inside speech: the lips come together (a stop's closure the recogniser heard as silence, or a
-    # breath); long silences go back to the reference's own mouth in ``motion.pause_track``.
-    ("SIL",): (-1.0, 0.0, 0.8, 0.8),
+    # A pause inside speech pulls the lips together, gently (a stop's closure the recogniser heard as silence,
+    # a breath); in long silences ``motion.pause_track`` closes them and later goes back to the reference's.
+    ("SIL",): (-1.0, 0.0, 0.4, 0.8),
 }
 TARGETS = {phone: shape for phones, shape in _CLASSES.items() for phone in phones}
 REST = (0.0, 0.0, 0.8, 0.8)  # the reference's own mouth: where nothing is said, or an unknown phone
@@ -79,10 +79,8 @@ def mouth_targets(phones: tuple[Phone, ...], times: np.ndarray) -> np.ndarray:
             continue
         dt = times[near] - centre
         sigma = np.where(dt < 0, ahead, behind)
-        # Long sounds hold their shape: the bump is flat over the middle half of the phone; a closure over all
-        # of its hold (the lips stay shut until the release, whatever the next vowel's anticipation).
-        flat = half if closure else 0.5 * half
-        bump = np.exp(-((np.maximum(np.abs(dt) - flat, 0.0) / sigma) ** 2))
+        # Long sounds hold their shape: the bump is flat over the middle half of the phone.
+        bump = np.exp(-((np.maximum(np.abs(dt) - 0.5 * half, 0.0) / sigma) ** 2))
         num[near, 0] += pull_o * bump * o
         num[near, 1] += pull_w * bump * w
         den[near, 0] += pull_o * bump
