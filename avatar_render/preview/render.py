@@ -17,7 +17,7 @@ from avatar_render.preview.motion import BLINK, DX, DY, OPEN, ROLL, WIDTH, ZOOM
 from avatar_render.preview.rig import Bank, FaceRig, between, contour_t, face_coords, from_face
 from avatar_render.preview.warp import Rect
 
-CUBIC_MAX_PX = 300_000  # heads up to this many pixels are resampled bicubically, larger ones bilinearly
+CUBIC_MAX_PX = 150_000  # heads up to this many pixels are resampled bicubically, larger ones bilinearly
 
 
 def head_inverse(rig: FaceRig, p: np.ndarray) -> np.ndarray:
