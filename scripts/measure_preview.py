@@ -31,7 +31,8 @@ Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all pr
   refined by aligning the frame's pixels to the reference's there), over
   the head and its surroundings without the mouth/jaw and eye regions; background: SSIM outside the head.
 * teeth: where the reference shows teeth, the best normalised correlation of that patch with the
-  frame (head undone, searched over small vertical shifts) on every frame whose lips are apart.
+  frame (head undone, searched over small vertical shifts) on every frame whose lips are apart (aperture
+  over half the reference's); present: 0.7 or more.
 """
 
 from __future__ import annotations
@@ -281,7 +282,9 @@ def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None) -
         "ssim_background_min": round(float(np.nanmin(ssim_bg)), 4),
     }
     if teeth:
-        apart = gaps > 0.5 * rest_gap
+        # (lips apart read from the pixels: the landmark model's lip gap on closed lips is more than half its
+        # rest reading on this kind of face)
+        apart = aperture > 0.5 * rest_aperture
         t = np.array(teeth)
         out["teeth_ncc_min_lips_apart"] = round(float(t[apart].min()), 3) if apart.any() else None
         out["teeth_present_frames"] = (
