@@ -19,6 +19,7 @@ LIP_RAISE = 0.10  # upper lip travel up, as a fraction of the jaw's
 SEAL_UPPER = 0.25  # share of the lip gap the upper lip closes when the lips press together
 SPREAD = 0.12  # mouth widening at width = 1, as a fraction of the width
 ROUND = 0.28  # mouth narrowing at width = -1
+LIP_SKIN = 0.22  # how far (in mouth widths) the skin around the lips follows their width changes
 LID_SKIN = 0.9  # how far the skin just above the lashes comes down with them, as a fraction of the lid's travel
 LID_FOLD = (0.12, 0.6)  # over this band above the lid (in eye widths) that travel fades to nothing
 LID_TRAVEL = 0.97  # fraction of the eye opening the upper lid covers at a full blink (the lower lid rises to meet it)
@@ -76,9 +77,9 @@ class MouthShape:
         up_w[upper_lip] = 0.1 + 0.9 * np.clip(1 - (2 * u[upper_lip]) ** 2, 0, 1) ** 1.2
         up_w[corners] = 0.1
         up_w[lower_lip] = 0.0
-        # Lip width changes carry the skin around the lips along, fading over about a third of the width.
+        # Lip width changes carry the skin around the lips along, fading over LIP_SKIN mouth widths.
         dist = np.min(np.linalg.norm(p[:, None] - p[lips][None], axis=2), axis=1) / width
-        lip_w = 0.7 * np.exp(-((dist / 0.3) ** 2))
+        lip_w = 0.7 * np.exp(-((dist / LIP_SKIN) ** 2))
         lip_w[lips] = 1.0
 
         def full(a: np.ndarray) -> np.ndarray:
