@@ -54,6 +54,7 @@ class FaceTracker:
             self._box = (x0, y0, x1, y1)
         self.scale = reference.eye_distance
         self._last: fm.FaceMesh | None = None
+        self._head: np.ndarray | None = None  # the previous frame's refined pose
         self._detector = FaceDetector()
 
     def read(self, frame: np.ndarray) -> FaceReading:
@@ -67,31 +68,16 @@ class FaceTracker:
         head, _ = cv2.estimateAffinePartial2D(self.reference.at(fm.RIGID), mesh.at(fm.RIGID), method=cv2.LMEDS)
         if self._grey is not None:
             grey = cv2.cvtColor(frame, cv2.COLOR_RGB2GRAY).astype(np.float32)
-            x0, y0, x1, y1 = self._box or (0, 0, grey.shape[1], grey.shape[0])
-            # Both cropped at (x0, y0) (the mask marks the frame's pixels to use): the map between the crops
-            # is the head's conjugated by that shift.
-            shift = np.array([[1, 0, x0], [0, 1, y0], [0, 0, 1]], np.float64)
-            back = np.linalg.inv(shift)
-            try:
-                _, fine = cv2.findTransformECC(
-                    self._grey[y0:y1, x0:x1],
-                    grey[y0:y1, x0:x1],
-                    (back @ np.vstack([head, (0, 0, 1)]) @ shift)[:2].astype(np.float32),
-                    cv2.MOTION_AFFINE,
-                    (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 60, 1e-5),
-                    self._still[y0:y1, x0:x1],
-                    5,
-                )
-                fine = (shift @ np.vstack([fine.astype(np.float64), (0, 0, 1)]) @ back)[:2]
-            except cv2.error:  # no convergence: keep the landmarks' estimate
-                fine = None
-            # (ECC can run away on a frame; a refinement is only taken near where the landmarks put the head)
-            if (
-                fine is not None
-                and np.abs(fine[:, :2] - head[:, :2]).max() < 0.03
-                and np.abs(fine[:, 2] - head[:, 2]).max() < 8
-            ):
-                head = fine.astype(np.float64)
+            # From the landmarks' estimate and from the previous frame's pose (the landmarks' eye corners and
+            # brows move in a blink, and the pose read from them with them): the better-fitting refinement.
+            best = max(
+                (self._refine(grey, start) for start in (head, self._head) if start is not None),
+                key=lambda r: r[0],
+                default=(-1.0, None),
+            )
+            if best[1] is not None:
+                head = best[1]
+            self._head = head
         return FaceReading(
             lip_gap=mesh.lip_gap() / self.scale,
             mouth_width=mesh.mouth_width() / self.scale,
@@ -99,6 +85,34 @@ class FaceTracker:
             head=head,
             mesh=mesh,
         )
+
+
+    def _refine(self, grey: np.ndarray, head: np.ndarray) -> tuple[float, np.ndarray | None]:
+        """ECC alignment of the frame's still region to the reference's, from ``head``: (correlation, the
+        refined (2, 3) pose), or (-1, None) when it does not converge or runs away from its start."""
+        assert self._grey is not None and self._still is not None
+        x0, y0, x1, y1 = self._box or (0, 0, grey.shape[1], grey.shape[0])
+        # Both cropped at (x0, y0) (the mask marks the frame's pixels to use): the map between the crops
+        # is the head's conjugated by that shift.
+        shift = np.array([[1, 0, x0], [0, 1, y0], [0, 0, 1]], np.float64)
+        back = np.linalg.inv(shift)
+        try:
+            rho, fine = cv2.findTransformECC(
+                self._grey[y0:y1, x0:x1],
+                grey[y0:y1, x0:x1],
+                (back @ np.vstack([head, (0, 0, 1)]) @ shift)[:2].astype(np.float32),
+                cv2.MOTION_AFFINE,
+                (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 60, 1e-5),
+                self._still[y0:y1, x0:x1],
+                5,
+            )
+        except cv2.error:
+            return -1.0, None
+        fine = (shift @ np.vstack([fine.astype(np.float64), (0, 0, 1)]) @ back)[:2]
+        # (ECC can run away on a frame; a refinement is only taken near where it started)
+        if np.abs(fine[:, :2] - head[:, :2]).max() < 0.03 and np.abs(fine[:, 2] - head[:, 2]).max() < 8:
+            return float(rho), fine
+        return -1.0, None
 
 
 def ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
