@@ -108,9 +108,9 @@ def align(path: Path, text: str) -> list[tuple[str, float, float]]:
 
 def closed_reading(ref: Path, width: int, height: int, model: LandmarkModel, ref_mesh: fm.FaceMesh) -> float:
     """What the landmark model reads as the lip gap of the reference with its lips pressed shut (pixels)."""
-    from avatar_render.job.setup import request_input
     from avatar_render.config import load_config
     from avatar_render.io.reference import load_reference
+    from avatar_render.job.setup import request_input
     from avatar_render.preview.engine import build_preview
     from avatar_render.preview.motion import OPEN, PARAMS
     from avatar_render.preview.render import render_frame
@@ -295,20 +295,20 @@ def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None) -
         median = float(np.median(gaps[speech]))
         mids = [((a + b) / 2, p) for p, a, b in phones if p in ("M", "B", "P")]
         closed, floored = [], []
-        for mid, p in mids:
+        for mid, _ in mids:
             near = [f for f in range(n) if abs((f + 0.5) / fps - mid) <= 0.04]
             if near:
                 closed.append(bool(gaps[near].min() < 0.15 * median))
                 floored.append(bool(gaps[near].min() < floor + 0.25 * (median - floor)))
         vmedian = float(np.median(visible[speech]))
         vclosed = []
-        for mid, p in mids:
+        for mid, _ in mids:
             near = [f for f in range(n) if abs((f + 0.5) / fps - mid) <= 0.04]
             if near:
                 vclosed.append(bool(visible[near].min() < 0.15 * vmedian))
         amedian = float(np.median(aperture[speech]))
         aclosed = []
-        for mid, p in mids:
+        for mid, _ in mids:
             near = [f for f in range(n) if abs((f + 0.5) / fps - mid) <= 0.04]
             if near:
                 aclosed.append(bool(aperture[near].min() < 0.15 * amedian))

@@ -49,7 +49,8 @@ def main() -> None:
         width.append(r.mouth_width)
         eye.append(r.eye_opening)
         turn.append(
-            math.degrees(abs(math.atan2(r.head[1, 0], r.head[0, 0]))) + 100 * float(np.hypot(*r.head[:, 2])) / info.width
+            math.degrees(abs(math.atan2(r.head[1, 0], r.head[0, 0])))
+            + 100 * float(np.hypot(*r.head[:, 2])) / info.width
         )
     gap, width, eye, turn = map(np.array, (gap, width, eye, turn))
     # A blink moves the eye corners the head pose is read from: mouth shapes and the head's turn are chosen
@@ -84,8 +85,8 @@ def main() -> None:
         )
         canvas = np.full((args.tile + 24, args.tile, 3), 255, np.uint8)
         canvas[: image.shape[0], : image.shape[1]] = image
-        cv2.putText(canvas, label, (4, args.tile + 17), cv2.FONT_HERSHEY_SIMPLEX, 0.4 * args.tile / 256 + 0.1, (0, 0, 0), 1,
-                    cv2.LINE_AA)
+        size = 0.4 * args.tile / 256 + 0.1
+        cv2.putText(canvas, label, (4, args.tile + 17), cv2.FONT_HERSHEY_SIMPLEX, size, (0, 0, 0), 1, cv2.LINE_AA)
         return canvas
 
     order = ["open", "closed", "rounded", "spread", "blink", "head turned"]

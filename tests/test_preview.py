@@ -9,11 +9,11 @@ import cv2
 import numpy as np
 import pytest
 
-from avatar_render.job.setup import request_input
 from avatar_render.config import load_config
 from avatar_render.face.landmarks import find_model
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import load_reference
+from avatar_render.job.setup import request_input
 from avatar_render.preview import motion
 from avatar_render.preview.engine import build_preview
 from avatar_render.preview.motion import MotionCarry, blink_track, emphasis, head_track

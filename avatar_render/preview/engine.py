@@ -277,7 +277,10 @@ def build_preview(cfg: Config) -> Pipeline:
         ),
         decode=PreviewRender(),
         sizes=ChunkSizes(
-            cfg.chunk.chunk_frames, cfg.chunk.context_frames, cfg.chunk.transition_frames, first_frames=cfg.chunk.first_frames
+            cfg.chunk.chunk_frames,
+            cfg.chunk.context_frames,
+            cfg.chunk.transition_frames,
+            first_frames=cfg.chunk.first_frames,
         ),
         fps=cfg.fps,
         audio_rate=SPEECH_RATE,

@@ -97,7 +97,9 @@ def speaking(energy_db: np.ndarray, peak_db: np.ndarray) -> np.ndarray:
     return np.convolve(np.pad(v, 1, mode="edge"), [0.25, 0.5, 0.25], mode="valid").astype(np.float32)
 
 
-def pause_track(first: int, speech: np.ndarray, last_speech: int, *, start: int, end: int, fps: Fraction) -> tuple[np.ndarray, int]:
+def pause_track(
+    first: int, speech: np.ndarray, last_speech: int, *, start: int, end: int, fps: Fraction
+) -> tuple[np.ndarray, int]:
     """How far the lips have relaxed shut at frames first .. first + len(speech), (n,) float32 in [0, 1]: a
     speaker closes the mouth in a pause, and only after a long silence goes back to the reference's own
     mouth (which the video also starts with). speech: ``speaking()`` of those frames; last_speech: the
@@ -136,7 +138,8 @@ def shape_mouth(
     # leaves 1 / CLOSURE_SATURATE done is made complete.
     openness = np.minimum(OPEN_FLOOR + (1 - OPEN_FLOOR) * o / 0.9, 1.0)
     loud = QUIET_GAIN + (LOUD_GAIN - QUIET_GAIN) * level**LEVEL_POWER
-    out[:, 0] = np.where(o > 0, openness * loud * gain, np.maximum(o * CLOSURE_SATURATE, -1.0)) * voiced + rest * (1 - voiced)
+    shaped = np.where(o > 0, openness * loud * gain, np.maximum(o * CLOSURE_SATURATE, -1.0))
+    out[:, 0] = shaped * voiced + rest * (1 - voiced)
     out[:, 1] = w * voiced
     return np.clip(out, -1.0, 1.0).astype(np.float32)
 

@@ -93,7 +93,8 @@ class FaceRig:
     mouth_bank: Bank | None
     eye_bank: Bank | None
     teeth: Teeth | None
-    interior: tuple[np.ndarray, np.ndarray, np.ndarray]  # (3,) float32 RGB each: the shadow under the teeth, the mouth's dark, the tongue
+    # (3,) float32 RGB each: the shadow under the teeth, the mouth's dark, the tongue
+    interior: tuple[np.ndarray, np.ndarray, np.ndarray]
     head: HeadMask
 
 
