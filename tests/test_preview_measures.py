@@ -32,7 +32,8 @@ def test_lip_aperture_follows_the_rendered_opening():
     model = LandmarkModel(find_model())
     lips = np.zeros(rig.image.shape[:2], np.uint8)
     m = rig.mesh
-    for upper, lower, value in ((fm.LIPS_OUTER_UPPER, fm.LIPS_OUTER_LOWER, 1), (fm.LIPS_INNER_UPPER, fm.LIPS_INNER_LOWER, 0)):
+    contours = ((fm.LIPS_OUTER_UPPER, fm.LIPS_OUTER_LOWER, 1), (fm.LIPS_INNER_UPPER, fm.LIPS_INNER_LOWER, 0))
+    for upper, lower, value in contours:  # the lips between their outer and inner contours
         cv2.fillPoly(lips, [np.round(np.concatenate([m.at(upper), m.at(lower)[::-1]])).astype(np.int32)], value)
     lip_luma = float(np.median(luma(rig.image)[lips > 0]))
     readings = []
