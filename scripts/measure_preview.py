@@ -7,6 +7,11 @@ alignment), silence, blinks, how much the rest of the face stays the reference, 
 Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all printed with the figures):
 * lip gap: distance between the inner lip contours (middle five points), in the reference's eye distances;
   opening: the lip gap above the reference's own (a smiling reference shows its teeth at rest).
+* aperture (the figure the targets are judged on): in the middle 40 % of the mouth, the length of the line
+  from the frame's outer upper to its outer lower lip contour whose grey level is 40 or more from the
+  reference's lips (teeth, the dark of the mouth), median over 9 columns, in eye distances
+  (``metrics.face_track.lip_aperture``); lips pressed together read about a pixel. Closures: under 15 %
+  of its speech median within 40 ms of an m/b/p's middle; silence: its mean in silence over speech.
 * visible opening: the pixels inside the frame's outer lip contour that are not lip (teeth or the dark
   mouth: grey level 40 or more from the reference's lips), in squared eye distances. The landmark
   model's inner contours do not close fully on closed lips (on the example it reads 0.10 eye distances
@@ -22,11 +27,12 @@ Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all pr
 * silence: frames 30 dB below the loud passages for 0.12 s either side (as ``inspect``).
 * blinks: the eye opening falling under 85 % of its median (the landmark model reads a fully closed eye
   of the example at 73 % of an open one).
-* still: SSIM to the reference after undoing the head's motion (an affine map fitted to rigid landmarks,
+* still: SSIM to the reference after undoing the head's motion (bicubic) (an affine map fitted to rigid landmarks,
   refined by aligning the frame's pixels to the reference's there), over
   the head and its surroundings without the mouth/jaw and eye regions; background: SSIM outside the head.
 * teeth: where the reference shows teeth, the best normalised correlation of that patch with the
-  frame (head undone, searched over small vertical shifts) on every frame whose lips are apart.
+  frame (head undone, searched over small vertical shifts) on every frame whose lips are apart (aperture
+  over half the reference's); present: 0.7 or more.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import numpy as np
 from avatar_render.face import mesh as fm
 from avatar_render.face.landmarks import LandmarkModel, find_model
 from avatar_render.io.audio import AudioReader
-from avatar_render.metrics.face_track import FaceTracker, ssim_map, still_mask, undo_head
+from avatar_render.metrics.face_track import FaceTracker, lip_aperture, ssim_map, still_mask, undo_head
 from avatar_render.metrics.regions import fitted_reference, luma
 from avatar_render.metrics.series import pearson
 from avatar_render.metrics.speech import SILENCE_DB, SILENCE_GUARD_S, iter_frame_levels, speech_level_db
@@ -102,9 +108,9 @@ def align(path: Path, text: str) -> list[tuple[str, float, float]]:
 
 def closed_reading(ref: Path, width: int, height: int, model: LandmarkModel, ref_mesh: fm.FaceMesh) -> float:
     """What the landmark model reads as the lip gap of the reference with its lips pressed shut (pixels)."""
-    from avatar_render.job.setup import request_input
     from avatar_render.config import load_config
     from avatar_render.io.reference import load_reference
+    from avatar_render.job.setup import request_input
     from avatar_render.preview.engine import build_preview
     from avatar_render.preview.motion import OPEN, PARAMS
     from avatar_render.preview.render import render_frame
@@ -124,27 +130,21 @@ def blink_count(opening: np.ndarray) -> int:
     return int(np.sum(closed[1:] & ~closed[:-1]) + closed[0])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("video", type=Path)
-    ap.add_argument("--ref", type=Path, required=True)
-    ap.add_argument("--audio", type=Path, required=True)
-    ap.add_argument("--text", type=Path, default=None, help="the words spoken (for closures and ee/oo)")
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
+def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None) -> dict:
+    """Every figure of the module's docstring for one render (a dict, in print order)."""
     path = find_model()
     if path is None:
         sys.exit("The face landmark model is not installed: python scripts/fetch_face_model.py")
-    info = probe_video(args.video)
+    info = probe_video(video)
     fps = float(info.fps)
-    ref = fitted_reference(args.ref, info.width, info.height)
+    ref = fitted_reference(ref_path, info.width, info.height)
     model = LandmarkModel(path)
     ref_mesh = model.from_box(ref.image, ref.layout.face)
     if ref_mesh is None:
         sys.exit("No face landmarks found in the reference.")
     scale = ref_mesh.eye_distance
     rest_gap = ref_mesh.lip_gap() / scale
-    floor = closed_reading(args.ref, info.width, info.height, model, ref_mesh) / scale
+    floor = closed_reading(ref_path, info.width, info.height, model, ref_mesh) / scale
     still = still_mask(ref_mesh, (info.height, info.width))
     tracker = FaceTracker(model, ref_mesh, image=ref.image, still=still)
     oval = ref_mesh.at(fm.FACE_OVAL)
@@ -180,13 +180,15 @@ def main() -> None:
         0,
     )
     lip_luma = float(np.median(ref_luma[lips_region > 0]))
-    gaps, widths, eyes, ssim_still, ssim_bg, teeth, visible = [], [], [], [], [], [], []
-    for frame in iter_frames(args.video):
+    gaps, widths, eyes, ssim_still, ssim_bg, teeth, visible, apertures = [], [], [], [], [], [], [], []
+    for frame in iter_frames(video):
         r = tracker.read(frame)
         mouth = np.zeros((info.height, info.width), np.uint8)
         outline = np.concatenate([r.mesh.at(fm.LIPS_OUTER_UPPER), r.mesh.at(fm.LIPS_OUTER_LOWER)[::-1]])
         cv2.fillPoly(mouth, [np.round(outline).astype(np.int32)], 1)
-        visible.append(float((np.abs(luma(frame)[mouth > 0] - lip_luma) >= 40).sum()) / scale**2)
+        gray = luma(frame)
+        visible.append(float((np.abs(gray[mouth > 0] - lip_luma) >= 40).sum()) / scale**2)
+        apertures.append(lip_aperture(gray, r.mesh, lip_luma) / scale)
         gaps.append(r.lip_gap)
         widths.append(r.mouth_width)
         eyes.append(r.eye_opening)
@@ -203,7 +205,7 @@ def main() -> None:
             teeth.append(float(ncc.max()))
     n = len(gaps)
     gaps, widths, eyes = np.array(gaps), np.array(widths), np.array(eyes)
-    levels = iter_frame_levels(args.audio, fps=info.fps)
+    levels = iter_frame_levels(audio, fps=info.fps)
     rms = np.array([next(levels) for _ in range(n)])
     levels.close()
     level, top = speech_level_db(rms)
@@ -241,8 +243,10 @@ def main() -> None:
         / scale**2
     )
     vis_open = np.maximum(visible - rest_visible, 0)
+    aperture = np.array(apertures)
+    rest_aperture = lip_aperture(ref_luma, ref_mesh, lip_luma) / scale
     out: dict = {
-        "video": str(args.video),
+        "video": str(video),
         "frames": n,
         "fps": fps,
         "landmarks": "MediaPipe face mesh (468 points) on each frame",
@@ -252,6 +256,12 @@ def main() -> None:
             (round(pearson(gaps[max(k, 0) : n + min(k, 0)], level[max(-k, 0) : n - max(k, 0)]), 3), k)
             for k in range(-4, 5)
         ),
+        "r_aperture_vs_level": round(pearson(aperture, level), 3),
+        "aperture_silence_over_speech": round(float(aperture[sustained].mean() / max(aperture[speech].mean(), 1e-9)), 4)
+        if sustained.any() and speech.any()
+        else None,
+        "rest_aperture": round(rest_aperture, 4),
+        "speech_median_aperture": round(float(np.median(aperture[speech])), 4) if speech.any() else None,
         "r_visible_opening_vs_level": round(pearson(visible, level), 3),
         "rest_visible_opening": round(rest_visible, 4),
         "visible_opening_silence_over_speech": round(
@@ -266,33 +276,44 @@ def main() -> None:
         "blinks": blink_count(eyes),
         "blinks_per_minute": round(blink_count(eyes) / (n / fps / 60), 1),
         "ssim_still_mean": round(float(np.mean(ssim_still)), 4),
+        "ssim_still_p5": round(float(np.percentile(ssim_still, 5)), 4),
         "ssim_still_min": round(float(np.min(ssim_still)), 4),
+        "ssim_still_frames_over_0.95": f"{int(np.sum(np.array(ssim_still) >= 0.95))}/{n}",
         "ssim_background_min": round(float(np.nanmin(ssim_bg)), 4),
     }
     if teeth:
-        apart = gaps > 0.5 * rest_gap
+        # (lips apart read from the pixels: the landmark model's lip gap on closed lips is more than half its
+        # rest reading on this kind of face)
+        apart = aperture > 0.5 * rest_aperture
         t = np.array(teeth)
         out["teeth_ncc_min_lips_apart"] = round(float(t[apart].min()), 3) if apart.any() else None
         out["teeth_present_frames"] = (
             f"{int((t[apart] > 0.7).sum())}/{int(apart.sum())} (lips apart; {int((~apart).sum())} lips closed)"
         )
-    if args.text is not None:
-        phones = align(args.audio, args.text.read_text())
+    if text is not None:
+        phones = align(audio, text)
         median = float(np.median(gaps[speech]))
         mids = [((a + b) / 2, p) for p, a, b in phones if p in ("M", "B", "P")]
         closed, floored = [], []
-        for mid, p in mids:
+        for mid, _ in mids:
             near = [f for f in range(n) if abs((f + 0.5) / fps - mid) <= 0.04]
             if near:
                 closed.append(bool(gaps[near].min() < 0.15 * median))
                 floored.append(bool(gaps[near].min() < floor + 0.25 * (median - floor)))
         vmedian = float(np.median(visible[speech]))
         vclosed = []
-        for mid, p in mids:
+        for mid, _ in mids:
             near = [f for f in range(n) if abs((f + 0.5) / fps - mid) <= 0.04]
             if near:
                 vclosed.append(bool(visible[near].min() < 0.15 * vmedian))
+        amedian = float(np.median(aperture[speech]))
+        aclosed = []
+        for mid, _ in mids:
+            near = [f for f in range(n) if abs((f + 0.5) / fps - mid) <= 0.04]
+            if near:
+                aclosed.append(bool(aperture[near].min() < 0.15 * amedian))
         if mids:
+            out["mbp_closed_by_aperture"] = f"{sum(aclosed)}/{len(aclosed)}"
             out["mbp_closed_by_lip_gap"] = f"{sum(closed)}/{len(closed)}"
             out["lip_gap_floor_closed"] = round(floor, 4)
             out["speech_median_lip_gap"] = round(median, 4)
@@ -306,6 +327,18 @@ def main() -> None:
             pairs = list(zip(ee, oo))
             out["ee_oo_width"] = [(round(float(at(e)), 3), round(float(at(o)), 3)) for e, o in pairs]
             out["ee_wider_than_oo"] = f"{sum(at(e) > at(o) for e, o in pairs)}/{len(pairs)}"
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("video", type=Path)
+    ap.add_argument("--ref", type=Path, required=True)
+    ap.add_argument("--audio", type=Path, required=True)
+    ap.add_argument("--text", type=Path, default=None, help="the words spoken (for closures and ee/oo)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    out = measure(args.video, args.ref, args.audio, args.text.read_text() if args.text is not None else None)
     for k, v in out.items():
         print(f"{k}: {v}")
     if args.json is not None:

@@ -5,14 +5,15 @@ from __future__ import annotations
 from fractions import Fraction
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
-from avatar_render.job.setup import request_input
 from avatar_render.config import load_config
 from avatar_render.face.landmarks import find_model
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import load_reference
+from avatar_render.job.setup import request_input
 from avatar_render.preview import motion
 from avatar_render.preview.engine import build_preview
 from avatar_render.preview.motion import MotionCarry, blink_track, emphasis, head_track
@@ -81,7 +82,7 @@ def test_visemes_close_for_m_and_spread_ee_rounded_oo():
     assert at(0.5)[0] < -0.6  # m: closed
     assert at(0.36)[0] > 0.4 and at(0.7)[0] > 0.4  # a: open on both sides of it
     assert at(0.95)[1] > 0.6 and at(1.55)[1] < -0.6  # ee spread, oo rounded
-    assert abs(at(2.3)[0]) < 0.05 and abs(at(2.3)[1]) < 0.05  # silence: the reference's own mouth
+    assert at(2.3)[0] < -0.9 and abs(at(2.3)[1]) < 0.05  # a pause: lips together (motion.pause_track relaxes long ones)
     d = np.diff(shapes[:, 0])
     assert not np.any(
         (np.abs(d[:-1]) > 0.5) & (np.abs(d[1:]) > 0.5) & (np.sign(d[:-1]) != np.sign(d[1:]))
@@ -110,11 +111,29 @@ def test_blinks_and_nods_replay_exactly_in_an_i_chunk():
 
 def test_loudness_scales_openings_not_closures():
     targets = np.array([[0.5, 0.0], [0.5, 0.0], [-1.0, 0.0], [0.5, 0.5]], np.float32)
-    quiet = motion.shape_mouth(targets, np.full(4, -40.0, np.float32), np.full(4, -10.0, np.float32), gain=1.0)
-    loud = motion.shape_mouth(targets, np.full(4, -10.0, np.float32), np.full(4, -10.0, np.float32), gain=1.0)
-    silent = motion.shape_mouth(targets, np.full(4, -80.0, np.float32), np.full(4, -10.0, np.float32), gain=1.0)
+    peak = np.full(4, -10.0, np.float32)
+    quiet = motion.shape_mouth(targets, np.full(4, -33.0, np.float32), peak, gain=1.0)
+    loud = motion.shape_mouth(targets, np.full(4, -10.0, np.float32), peak, gain=1.0)
+    silent = motion.shape_mouth(targets, np.full(4, -80.0, np.float32), peak, gain=1.0)
+    paused = motion.shape_mouth(targets, np.full(4, -80.0, np.float32), peak, gain=1.0, pause=np.ones(4, np.float32))
     assert loud[0, 0] > quiet[0, 0] > 0 and loud[2, 0] == -1.0
-    assert np.all(silent == 0)
+    assert np.all(silent == 0)  # no pause track: the reference's mouth
+    assert np.all(paused[:, 0] == -motion.PAUSE_CLOSE) and np.all(paused[:, 1] == 0)  # lips closed in a pause
+
+
+def test_pause_closes_the_lips_then_goes_back_to_the_reference():
+    fps = Fraction(25)
+    speech = np.zeros(300, np.float32)
+    speech[50:100] = 1.0
+    track, last = motion.pause_track(0, speech, -1, start=0, end=300, fps=fps)
+    assert np.all(track[:50] == 0)  # before any speech: the reference's mouth
+    hold = round(motion.PAUSE_HOLD_S * 25)
+    assert np.all(track[100 : 99 + hold] == 1.0) and track[-1] == 0.0  # closed after speech, back later
+    assert np.all(np.diff(track[99 + hold :]) <= 0) and last == 99
+    # Chunk by chunk, with the carry, the same track (lookahead frames included).
+    a, carry = motion.pause_track(0, speech[:130], -1, start=0, end=120, fps=fps)
+    b, _ = motion.pause_track(110, speech[110:], carry, start=120, end=300, fps=fps)
+    assert np.array_equal(a, track[:130]) and np.array_equal(b[10:], track[120:])
 
 
 @pytest.fixture(scope="module")
@@ -131,14 +150,19 @@ def test_rest_is_the_reference_and_teeth_stay_the_references(example):
     assert up.sum() + low.sum() > 50  # the example smiles: teeth at rest
     b = rig.mouth_bank.rect
     d_up, _ = rig.mouth.teeth(0.6)
-    ys, xs = np.nonzero(up)
-    ys2 = np.clip(np.round(ys + b.y0 + d_up[1]).astype(int), 0, 511)
-    xs2 = np.clip(np.round(xs + b.x0 + d_up[0]).astype(int), 0, 511)
-    # The upper teeth moved with the upper lip, not repainted: the same pixels, one bilinear step apart.
-    assert np.abs(opened[ys2, xs2] - ref[ys + b.y0, xs + b.x0]).mean() < 12
-    # Below them the mouth has opened: darker than the lower lip was.
-    gap = rig.mesh.points[14] + (0, 3)
-    assert opened[int(gap[1]), int(gap[0])].mean() < 0.6 * ref[int(gap[1]) + 6, int(gap[0])].mean()
+    # The upper teeth moved with the upper lip, not repainted: the reference's pixels, shifted by the lip's
+    # travel (the edge of the teeth, where they meet the lips or the opened mouth, left out).
+    inner = cv2.erode(up.astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
+    ys, xs = np.nonzero(inner)
+    ys, xs = ys + b.y0, xs + b.x0
+    moved = cv2.remap(
+        rig.image, (xs - d_up[0]).astype(np.float32)[None], (ys - d_up[1]).astype(np.float32)[None], cv2.INTER_LINEAR
+    )[0].astype(np.float32)
+    assert len(ys) > 50 and np.abs(opened[ys, xs] - moved).mean() < 6
+    # Below them, half way to the lowered lower lip, the mouth has opened: darker than the lower lip was.
+    d_low = rig.mouth.teeth(0.6)[1]
+    gap = rig.mesh.points[14] + d_up + 0.5 * (d_low - d_up)
+    assert opened[int(gap[1]), int(gap[0])].mean() < 0.6 * ref[int(rig.mesh.points[14][1]) + 6, int(gap[0])].mean()
 
 
 def test_closures_blinks_and_head_motion_move_only_their_parts(example):
@@ -180,3 +204,24 @@ def test_face_off_centre_and_template_fallback(tmp_path):
         )
         frame = render_frame(static.rig, row(open_=0.5))
         assert np.abs(frame.astype(np.int16) - static.rig.image).max() > 30  # the mouth moved
+
+
+def test_a_short_first_chunk_publishes_the_first_frames_early(tmp_path):
+    """chunk.first_frames reaches the preview's chunk sizes: N0 holds that many frames and goes out first;
+    the chunks after it keep their size."""
+    from avatar_render.pipeline.types import Published
+    from tests.media import speech_like, write_audio
+
+    audio = write_audio(tmp_path / "a.wav", speech_like(6.0, 16000, seed=3), 16000)
+    starts = {}
+    for first in (0, 8):
+        cfg = load_config(None, ("video.width=128", "video.height=128", f"chunk.first_frames={first}"))
+        pipe = build_preview(cfg)
+        assert pipe.sizes.first == (first or cfg.chunk.chunk_frames)
+        static = pipe.prepare(request_input(cfg, load_reference(FACE), FACE))
+        with AudioReader(audio, fps=cfg.fps, model_rate=pipe.audio_rate) as reader:
+            pubs = [p for p in pipe.stream(static, reader, seed=0) if isinstance(p, Published)]
+        starts[first] = [(p.start, p.end) for p in pubs]
+        assert pubs[-1].end == 150 and all(p.frames.shape[1:] == (128, 128, 3) for p in pubs)
+    assert starts[8][0] == (0, 8 - cfg.chunk.transition_frames // 2)
+    assert starts[0][0][1] > 8

@@ -37,8 +37,10 @@ from avatar_render.preview.motion import (
     frame_energy_db,
     head_track,
     loudness_targets,
+    pause_track,
     running_peak,
     shape_mouth,
+    speaking,
 )
 from avatar_render.preview.phones import PhoneRecognizer, model_dir
 from avatar_render.preview.render import render_frame
@@ -196,7 +198,10 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
             ]
         )
         targets = self._lip_shape(x.targets)
-        mouth = shape_mouth(targets, x.energy_db, peak_ext, gain=self.mouth_gain)  # (m, 2)
+        pause, last_speech = pause_track(
+            x.first, speaking(x.energy_db, peak_ext), carry.last_speech, start=plan.start, end=plan.start + n, fps=fps
+        )
+        mouth = shape_mouth(targets, x.energy_db, peak_ext, gain=self.mouth_gain, pause=pause)  # (m, 2)
         params = np.zeros((n, len(PARAMS)), np.float32)
         params[:, MOUTH] = mouth[s : s + n]
         for i, ahead in enumerate(carry.mouth_ahead[: min(AHEAD, n)]):
@@ -208,7 +213,9 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
         carry = emphasis(plan.start, x.energy_db[s : s + n], carry, fps=fps)
         params[:, HEAD] = head_track(plan.start, n, carry, fps=fps, amount=self.head_motion, seed=seed)
         ahead = tuple((float(o), float(w)) for o, w in mouth[s + n : s + n + AHEAD])
-        carry = dataclasses.replace(carry, peak_db=float(peaks[-1]) if n else carry.peak_db, mouth_ahead=ahead)
+        carry = dataclasses.replace(
+            carry, peak_db=float(peaks[-1]) if n else carry.peak_db, mouth_ahead=ahead, last_speech=last_speech
+        )
         return MotionChunk(plan=plan, params=params, first=x.first, mouth=mouth), carry
 
     def _lip_shape(self, targets: np.ndarray) -> np.ndarray:
@@ -279,7 +286,12 @@ def build_preview(cfg: Config) -> Pipeline:
             ),
         ),
         decode=PreviewRender(),
-        sizes=ChunkSizes(cfg.chunk.chunk_frames, cfg.chunk.context_frames, cfg.chunk.transition_frames),
+        sizes=ChunkSizes(
+            cfg.chunk.chunk_frames,
+            cfg.chunk.context_frames,
+            cfg.chunk.transition_frames,
+            first_frames=cfg.chunk.first_frames,
+        ),
         fps=cfg.fps,
         audio_rate=SPEECH_RATE,
         audio_pad_s=max(PHONE_PAD_S, float(2 / Fraction(cfg.fps))),

@@ -8,6 +8,7 @@ seconds, so an I chunk regenerating a seam reproduces them exactly; only the mou
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -30,12 +31,18 @@ HEAD = slice(DX, ZOOM + 1)
 SILENCE_DB = -50.0  # below this (dBFS) the mouth rests
 RANGE_DB = 30.0  # dynamic range below the running peak mapped onto the opening
 PEAK_FALL_DB_S = 4.0  # how fast the running peak forgets a loud passage
-QUIET_GAIN, LOUD_GAIN = 0.3, 1.05  # opening at the bottom and at the top of that range
+QUIET_GAIN, LOUD_GAIN = 0.1, 1.0  # opening at the bottom and at the top of that range
+LEVEL_POWER = 1.3  # how much faster than the level in dB the opening grows
+OPEN_FLOOR = 0.3  # opening of the narrowest open sound (as a fraction of the widest's)
 BLINK_S = (0.07, 0.08, 0.12)  # closing, closed, opening
 EMPHASIS_DB = 6.0  # a rise this far above the slow level is an emphasis
 SLOW_LEVEL_S = 0.4  # time constant of the slow level
 NOD_S = 0.5  # length of a nod
 NOD_GAP_S = 0.3  # shortest time between two nods
+PAUSE_CLOSE = 1.0  # how far the lips close in a pause (1: they meet)
+CLOSURE_SATURATE = 1.25  # a lip closure that co-articulation leaves 1 / this done is made complete
+PAUSE_HOLD_S = 2.0  # they stay so for this long after speech stops
+PAUSE_FADE_S = 1.5  # then go back to the reference's mouth over this long
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,7 @@ class MotionCarry:
     blinks: int = 0  # blinks drawn so far (seeds the next interval)
     level_db: float = SILENCE_DB  # slow speech level at the last frame
     nods: tuple[tuple[int, float], ...] = ()  # recent emphasis (frame, strength), oldest first
+    last_speech: int = -1  # the latest frame of speech so far; -1: none yet
 
 
 def frame_energy_db(
@@ -81,17 +89,57 @@ def running_peak(energy_db: np.ndarray, peak_db: float, *, fps: Fraction) -> np.
     return out
 
 
-def shape_mouth(targets: np.ndarray, energy_db: np.ndarray, peak_db: np.ndarray, *, gain: float) -> np.ndarray:
-    """Targets (n, 2) scaled by loudness: louder speech opens wider; closures stay closed; silence rests."""
+def speaking(energy_db: np.ndarray, peak_db: np.ndarray) -> np.ndarray:
+    """How much each frame is speech rather than a pause, (n,) float32 in [0, 1]: 0 at the bottom of the
+    loudness range below the running peak (or under SILENCE_DB), 1 from 6 dB above it."""
+    floor = np.maximum(peak_db - RANGE_DB, SILENCE_DB)
+    v = np.clip((energy_db - floor) / 6.0, 0.0, 1.0)
+    return np.convolve(np.pad(v, 1, mode="edge"), [0.25, 0.5, 0.25], mode="valid").astype(np.float32)
+
+
+def pause_track(
+    first: int, speech: np.ndarray, last_speech: int, *, start: int, end: int, fps: Fraction
+) -> tuple[np.ndarray, int]:
+    """How far the lips have relaxed shut at frames first .. first + len(speech), (n,) float32 in [0, 1]: a
+    speaker closes the mouth in a pause, and only after a long silence goes back to the reference's own
+    mouth (which the video also starts with). speech: ``speaking()`` of those frames; last_speech: the
+    last frame of speech before frame ``start`` (-1: none yet). Returns the track and the last frame of
+    speech before frame ``end`` (the carry for the next chunk)."""
+    rate = float(fps)
+    hold, fade = PAUSE_HOLD_S * rate, PAUSE_FADE_S * rate
+    out = np.zeros(len(speech), np.float32)
+    last, carried = last_speech, last_speech
+    for i, v in enumerate(speech.tolist()):
+        f = first + i
+        if f >= start and v > 0.5:
+            last = f
+        if f == end - 1:
+            carried = last
+        if last < 0:
+            continue
+        u = min(max((f - last - hold) / fade, 0.0), 1.0)
+        out[i] = 1.0 - u * u * (3 - 2 * u)
+    return out, carried
+
+
+def shape_mouth(
+    targets: np.ndarray, energy_db: np.ndarray, peak_db: np.ndarray, *, gain: float, pause: np.ndarray | None = None
+) -> np.ndarray:
+    """Targets (n, 2) scaled by loudness: louder speech opens wider; closures stay closed. In pauses the
+    lips close (``pause``: how far, see ``pause_track``; without it they rest at the reference's mouth)."""
     level = np.clip((energy_db - (peak_db - RANGE_DB)) / RANGE_DB, 0.0, 1.0)
     level = np.convolve(np.pad(level, 1, mode="edge"), [0.25, 0.5, 0.25], mode="valid")  # no one-frame flicker
-    voiced = np.clip((energy_db - SILENCE_DB) / 6.0, 0.0, 1.0)
+    voiced = speaking(energy_db, peak_db)
+    rest = np.zeros(len(targets), np.float32) if pause is None else -PAUSE_CLOSE * pause
     o, w = targets[:, 0], targets[:, 1]
     out = np.empty_like(targets)
-    # Closures saturate: a lip closure that co-articulation leaves four fifths done is made complete.
-    out[:, 0] = (
-        np.where(o > 0, o * (QUIET_GAIN + (LOUD_GAIN - QUIET_GAIN) * level) * gain, np.maximum(o * 1.25, -1.0)) * voiced
-    )
+    # How far the jaw drops follows the loudness (the syllable's energy); the sound's own openness (a wide
+    # "ah", a narrow "ee", a consonant) shapes it. Closures saturate: a lip closure that co-articulation
+    # leaves 1 / CLOSURE_SATURATE done is made complete.
+    openness = np.minimum(OPEN_FLOOR + (1 - OPEN_FLOOR) * o / 0.9, 1.0)
+    loud = QUIET_GAIN + (LOUD_GAIN - QUIET_GAIN) * level**LEVEL_POWER
+    shaped = np.where(o > 0, openness * loud * gain, np.maximum(o * CLOSURE_SATURATE, -1.0))
+    out[:, 0] = shaped * voiced + rest * (1 - voiced)
     out[:, 1] = w * voiced
     return np.clip(out, -1.0, 1.0).astype(np.float32)
 
@@ -119,15 +167,7 @@ def blink_track(
         return out, carry
     # An I chunk reaches back at most half a chunk before the next one: keep what can still show there.
     starts = [s for s in starts if s >= start - num_frames - round((sum(BLINK_S) + 0.5) * rate)]
-    return out, MotionCarry(
-        mouth_ahead=carry.mouth_ahead,
-        peak_db=carry.peak_db,
-        next_blink=next_blink,
-        blink_starts=tuple(starts),
-        blinks=blinks,
-        level_db=carry.level_db,
-        nods=carry.nods,
-    )
+    return out, dataclasses.replace(carry, next_blink=next_blink, blink_starts=tuple(starts), blinks=blinks)
 
 
 def _blink_gap(seed: int, n: int, interval_s: float, rate: float) -> int:
@@ -159,15 +199,7 @@ def emphasis(start: int, energy_db: np.ndarray, carry: MotionCarry, *, fps: Frac
             nods.append((f, min(1.0, (rise - EMPHASIS_DB) / 12.0 + 0.3)))
         level += alpha * (db - level)
     nods = [n for n in nods if n[0] >= start - len(energy_db) - round((NOD_S + 0.5) * rate)]  # (as blink starts)
-    return MotionCarry(
-        mouth_ahead=carry.mouth_ahead,
-        peak_db=carry.peak_db,
-        next_blink=carry.next_blink,
-        blink_starts=carry.blink_starts,
-        blinks=carry.blinks,
-        level_db=float(level),
-        nods=tuple(nods),
-    )
+    return dataclasses.replace(carry, level_db=float(level), nods=tuple(nods))
 
 
 def head_track(

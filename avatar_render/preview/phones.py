@@ -18,13 +18,16 @@ from avatar_render.pipeline.module import Module
 
 RATE = 16_000  # the acoustic model's sample rate
 GAP_S = 0.25  # a pause shorter than this inside speech is the closure of a stop consonant
-BURST_S = 0.025  # the release after it, whose spectrum tells lips from tongue
-LOUD_DB = -32.0  # a "pause" this loud (dBFS) is sound the recogniser could not name
-LIP_BURST_HF = 0.25  # share of the release's energy above 3 kHz under which the lips made the closure
+BURST_N = round(0.016 * 16_000)  # samples of the release burst after it, whose spectrum tells lips from tongue
+LOUD_DB = -32.0  # a long "pause" this loud (dBFS) ...
+LOUD_SHARE = 0.8  # ... in this share of its 10-ms frames is sound the recogniser could not name
+LIP_BURST_LOW = 0.6  # the lips made the closure when at least this share of the burst's energy is under 1.5 kHz
+LIP_BURST_HF = 0.1  # and less than this share above 3 kHz
 FRAME_S = 0.01  # PocketSphinx's frame shift
 _ACOUSTIC = ("mdef", "means", "variances", "transition_matrices", "sendump", "feat.params", "noisedict")
 # Narrower beams than the defaults: a little faster, the same phones in 97 % of the frames.
 _SEARCH = dict(lw=2.0, pip=0.3, beam=1e-10, pbeam=1e-10)
+_FREQS = np.fft.rfftfreq(BURST_N, 1 / RATE)
 
 
 @dataclass(frozen=True)
@@ -91,28 +94,45 @@ class PhoneRecognizer(Module):
 
 
 def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, ...]:
-    """Name the short silences inside speech: the recogniser calls the closure of a p, b (or t, k) a pause.
-    Lips made it when its release is low-pitched (little energy above 3 kHz): a B; otherwise a T."""
+    """Name the silences the recogniser leaves inside speech.
+
+    A long one that is loud throughout is sound it could not place (noise, an unknown voice): a neutral
+    open vowel. A short one between two sounds is the closure of a stop (the recogniser calls a p, b, t
+    or k closure a pause): the lips made it when its release burst is low-pitched (most of its energy
+    under 1.5 kHz, little above 3 kHz), a B; otherwise a T.
+    """
     out = list(phones)
-    for i, p in enumerate(out):  # sound the recogniser could not place (noise, an unknown voice): a neutral open vowel
+    frame = round(FRAME_S * RATE)
+    for i, p in enumerate(out):
         seg = audio[round(p.start * RATE) : round(p.end * RATE)]
-        if (
-            p.label == "SIL"
-            and p.end - p.start >= GAP_S
-            and len(seg)
-            and 10 * np.log10(np.mean(seg**2) + 1e-12) > LOUD_DB
-        ):
+        if p.label != "SIL" or p.end - p.start < GAP_S or len(seg) < frame:
+            continue
+        frames = seg[: len(seg) // frame * frame].reshape(-1, frame)
+        if np.mean(10 * np.log10(np.mean(frames**2, axis=1) + 1e-12) > LOUD_DB) >= LOUD_SHARE:
             out[i] = Phone("AH", p.start, p.end)
-    n = round(BURST_S * RATE)
-    freqs = np.fft.rfftfreq(n, 1 / RATE)
     for i in range(1, len(out) - 1):
         p = out[i]
         if p.label != "SIL" or p.end - p.start >= GAP_S or "SIL" in (out[i - 1].label, out[i + 1].label):
             continue
-        burst = audio[round(p.end * RATE) : round(p.end * RATE) + n]
-        if len(burst) < n:
+        shares = _burst_shares(audio, p.end)
+        if shares is None:
             continue
-        power = np.abs(np.fft.rfft(burst * np.hanning(n))) ** 2
-        high = float(power[freqs > 3000].sum() / max(float(power.sum()), 1e-12))
-        out[i] = Phone("B" if high < LIP_BURST_HF else "T", p.start, p.end)
+        low, high = shares
+        out[i] = Phone("B" if low >= LIP_BURST_LOW and high < LIP_BURST_HF else "T", p.start, p.end)
     return tuple(out)
+
+
+def _burst_shares(audio: np.ndarray, near: float) -> tuple[float, float] | None:
+    """The release burst of a stop closure ending about ``near`` seconds in (the sharpest rise of the level
+    within 30 ms of it): the shares of its energy under 1.5 kHz and above 3 kHz, or None at the edge."""
+    step, win = round(0.0025 * RATE), round(0.005 * RATE)
+    lo, hi = round((near - 0.03) * RATE), round((near + 0.03) * RATE)
+    if lo < win or hi + BURST_N > len(audio):
+        return None
+    starts = np.arange(lo, hi, step)
+    level = np.array([10 * np.log10(np.mean(audio[t - win // 2 : t + win // 2] ** 2) + 1e-12) for t in starts])
+    at = int(starts[1 + int(np.argmax(level[2:] - level[:-2]))])
+    burst = audio[at : at + BURST_N]
+    power = np.abs(np.fft.rfft(burst * np.hanning(BURST_N))) ** 2
+    total = max(float(power.sum()), 1e-12)
+    return float(power[_FREQS < 1500].sum() / total), float(power[_FREQS > 3000].sum() / total)

@@ -18,6 +18,8 @@ OPEN_LEVELS = (-1.0, -0.5, 0.0, 0.15, 0.3, 0.45, 0.6, 0.8, 1.0)
 WIDTH_LEVELS = (-1.0, 0.0, 1.0)
 BLINK_LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
 MIN_MOUTH_PX = 8.0  # narrower mouths are not animated (only the head moves)
+_CHEEKS = (50, 101, 118, 205, 280, 330, 347, 425)  # landmarks on the cheeks, for the skin's colour
+_MOUTH_RED = (1.1, 0.6, 0.56)  # the mouth's lining, relative to the skin's brightness
 _RING = 1.35  # fixed vertices on the face outline scaled by this about its centre
 
 
@@ -60,6 +62,8 @@ class Teeth:
     lower: np.ndarray  # (h, w) float32
     split: float  # where upper meets lower, as a fraction of the gap from the upper lip
     lips: tuple[np.ndarray, np.ndarray]  # the reference's inner lip contours, upper and lower, (11, 2) pixels
+    visible: bool  # the reference shows teeth at all
+    colour: np.ndarray  # (3,) float32 RGB: its teeth (their lit half), or without any, an off-white from the skin
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,15 +93,17 @@ class FaceRig:
     mouth_bank: Bank | None
     eye_bank: Bank | None
     teeth: Teeth | None
-    interior: tuple[np.ndarray, np.ndarray]  # (3,) float32 RGB: deep inside the mouth, and the tongue
+    # (3,) float32 RGB each: the shadow under the teeth, the mouth's dark, the tongue
+    interior: tuple[np.ndarray, np.ndarray, np.ndarray]
     head: HeadMask
 
 
 def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     height, width = image.shape[:2]
-    lips = mesh.at(fm.LIPS_OUTER_LOWER[1:-1] + fm.LIPS_INNER_LOWER[1:-1])
-    lip_colour = _median_colour(image, lips)
-    interior = (lip_colour * np.float32(0.2), lip_colour * np.float32(0.62))
+    skin = _median_colour(image, mesh.at(_CHEEKS))
+    # The inside of the mouth is the dark red of its lining, in shadow, whatever the lips' colour.
+    red = float(skin @ np.array([0.299, 0.587, 0.114], np.float32)) * np.array(_MOUTH_RED, np.float32)
+    interior = (red * np.float32(0.2), red * np.float32(0.38), red * np.float32(0.7))
     if mesh.mouth_width() < MIN_MOUTH_PX:
         return FaceRig(
             image=image,
@@ -124,7 +130,7 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
         eyes=eyes,
         mouth_bank=mouth_bank,
         eye_bank=eye_bank,
-        teeth=_teeth(image, mesh, mouth_bank.rect),
+        teeth=_teeth(image, mesh, mouth_bank.rect, skin=skin),
         interior=interior,
         head=head,
     )
@@ -207,6 +213,13 @@ def face_coords(xs: np.ndarray, ys: np.ndarray, mesh: fm.FaceMesh) -> tuple[np.n
     return dx * ex[0] + dy * ex[1], dx * ey[0] + dy * ey[1]
 
 
+def from_face(s: np.ndarray, t: np.ndarray, mesh: fm.FaceMesh) -> tuple[np.ndarray, np.ndarray]:
+    """Face coordinates (s, t) -> pixel-centre coordinates (OpenCV's convention) x, y, each float32."""
+    ex, ey = mesh.axes()
+    c = (mesh.points[61] + mesh.points[291]) / 2 - 0.5
+    return (c[0] + s * ex[0] + t * ey[0]).astype(np.float32), (c[1] + s * ex[1] + t * ey[1]).astype(np.float32)
+
+
 def contour_t(s: np.ndarray, contour: np.ndarray, mesh: fm.FaceMesh) -> np.ndarray:
     """Where a contour ((n, 2) pixels, corner to corner) lies down the face at each s."""
     cs, ct = face_coords(contour[:, 0], contour[:, 1], mesh)
@@ -240,14 +253,33 @@ def between(
     return inside.astype(np.float32), across.astype(np.float32)
 
 
-def _teeth(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect) -> Teeth:
+def _teeth(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np.ndarray) -> Teeth:
     xs, ys = rect.grid()
     s, t = face_coords(xs + 0.5, ys + 0.5, mesh)
     upper, lower = mesh.at(fm.LIPS_INNER_UPPER), mesh.at(fm.LIPS_INNER_LOWER)
     inside, across = between(s, t, upper, lower, mesh, grow=1.5, min_gap=1.0)
-    split = _split(image[rect.slices], s, inside, across, mesh.mouth_width())
+    patch = image[rect.slices].astype(np.float32)
+    split = _split(patch, s, inside, across, mesh.mouth_width())
     up = inside * np.clip((split - across) * 8 + 0.5, 0, 1)
-    return Teeth(upper=up.astype(np.float32), lower=(inside - up).astype(np.float32), split=split, lips=(upper, lower))
+    # Teeth are what is bright and unsaturated between the lips (the dark corners and the tongue are not).
+    luma = patch @ np.array([0.299, 0.587, 0.114], np.float32)
+    chroma = patch.max(axis=2) - patch.min(axis=2)
+    skin_luma = float(skin @ np.array([0.299, 0.587, 0.114], np.float32))
+    tooth = (inside > 0.9) & (luma > 0.8 * skin_luma) & (chroma < 0.5 * np.maximum(luma, 1))
+    visible = int(tooth.sum()) >= max(12, round(0.002 * mesh.mouth_width() ** 2))
+    if visible:
+        colour = np.median(patch[tooth & (luma >= np.median(luma[tooth]))], axis=0)
+    else:
+        grey = np.full(3, skin_luma, np.float32)
+        colour = np.clip(0.35 * skin + 0.65 * grey * 1.05, 0, 255)
+    return Teeth(
+        upper=up.astype(np.float32),
+        lower=(inside - up).astype(np.float32),
+        split=split,
+        lips=(upper, lower),
+        visible=visible,
+        colour=colour.astype(np.float32),
+    )
 
 
 def _split(patch: np.ndarray, s: np.ndarray, inside: np.ndarray, across: np.ndarray, mouth_width: float) -> float:

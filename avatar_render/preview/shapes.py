@@ -14,12 +14,22 @@ import numpy as np
 
 from avatar_render.face import mesh as fm
 
-JAW_DROP = 0.32  # lower lip travel at open = 1, in mouth widths
+JAW_DROP = 0.17  # lower lip travel at open = 1, in mouth widths (a loud open vowel)
 LIP_RAISE = 0.10  # upper lip travel up, as a fraction of the jaw's
+SEAL_UPPER = 0.25  # share of the lip gap the upper lip closes when the lips press together
 SPREAD = 0.12  # mouth widening at width = 1, as a fraction of the width
 ROUND = 0.28  # mouth narrowing at width = -1
+LIP_SKIN = 0.22  # how far (in mouth widths) the skin around the lips follows their width changes
+LID_SKIN = 0.9  # how far the skin just above the lashes comes down with them, as a fraction of the lid's travel
+LID_FOLD = (0.12, 0.6)  # over this band above the lid (in eye widths) that travel fades to nothing
 LID_TRAVEL = 0.97  # fraction of the eye opening the upper lid covers at a full blink (the lower lid rises to meet it)
 LOWER_LID_TRAVEL = 0.05
+
+
+# (inner upper, inner lower, outer upper, outer lower) landmarks across the lips, corners left out
+_LIP_PAIRS = tuple(
+    zip(fm.LIPS_INNER_UPPER[1:-1], fm.LIPS_INNER_LOWER[1:-1], fm.LIPS_OUTER_UPPER[1:-1], fm.LIPS_OUTER_LOWER[1:-1])
+)
 
 
 def _smoothstep(x: np.ndarray, a: float, b: float) -> np.ndarray:
@@ -32,7 +42,7 @@ class MouthShape:
     """Displacements of every vertex (the 468 landmarks first, fixed helper vertices after) per unit of each motion."""
 
     base: np.ndarray  # (N, 2) float32, pixels
-    seal: np.ndarray  # (N, 2) at open = -1: the lips meet half way
+    down: np.ndarray  # (2,) the face's downward axis
     jaw: np.ndarray  # (N, 2) at open = 1: jaw drop, upper lip raise, corners drawn in a little
     spread: np.ndarray  # (N, 2) at width = 1
     round: np.ndarray  # (N, 2) at width = -1
@@ -60,16 +70,16 @@ class MouthShape:
         jaw_w = _smoothstep(v, 0.05, 0.55) * np.clip(1 - (np.abs(u) - 0.5) / 1.2, 0.15, 1.0)
         jaw_w[upper_lip] = 0.0
         # The lower lip hangs from the corners: full travel in the middle, less towards them.
-        jaw_w[lower_lip] = 0.35 + 0.65 * np.sqrt(np.clip(1 - (2 * u[lower_lip]) ** 2, 0, 1))
-        jaw_w[corners] = 0.35
+        jaw_w[lower_lip] = 0.08 + 0.92 * np.clip(1 - (2 * u[lower_lip]) ** 2, 0, 1) ** 1.2
+        jaw_w[corners] = 0.08  # the corners hardly part: the opening is a lens, not a slot
         # Upper lip raise: the lip and a little of the skin above it.
         up_w = np.exp(-np.maximum(-v - 0.15, 0) / 0.15) * (v < 0.05) * (np.abs(u) < 0.75)
-        up_w[upper_lip] = 0.4 + 0.6 * np.sqrt(np.clip(1 - (2 * u[upper_lip]) ** 2, 0, 1))
-        up_w[corners] = 0.4
+        up_w[upper_lip] = 0.1 + 0.9 * np.clip(1 - (2 * u[upper_lip]) ** 2, 0, 1) ** 1.2
+        up_w[corners] = 0.1
         up_w[lower_lip] = 0.0
-        # Lip width changes carry the skin around the lips along, fading over about a third of the width.
+        # Lip width changes carry the skin around the lips along, fading over LIP_SKIN mouth widths.
         dist = np.min(np.linalg.norm(p[:, None] - p[lips][None], axis=2), axis=1) / width
-        lip_w = 0.7 * np.exp(-((dist / 0.3) ** 2))
+        lip_w = 0.7 * np.exp(-((dist / LIP_SKIN) ** 2))
         lip_w[lips] = 1.0
 
         def full(a: np.ndarray) -> np.ndarray:
@@ -88,19 +98,9 @@ class MouthShape:
         for idx, sign in ((fm.LIPS_OUTER_UPPER, -1), (fm.LIPS_OUTER_LOWER, 1), (fm.LIPS_INNER_LOWER, 0.6)):
             rnd[list(idx)] += (sign * bulge[list(idx)])[:, None] * ey
 
-        seal = np.zeros((len(p), 2), np.float32)
-        for k in range(1, len(fm.LIPS_INNER_UPPER) - 1):
-            iu, il = fm.LIPS_INNER_UPPER[k], fm.LIPS_INNER_LOWER[k]
-            gap = float((p[il] - p[iu]) @ ey)
-            if gap <= 0:
-                continue
-            half = 0.5 * gap * ey
-            seal[iu], seal[il] = half, -half
-            seal[fm.LIPS_OUTER_UPPER[k]] = 0.5 * half
-            seal[fm.LIPS_OUTER_LOWER[k]] = -0.5 * half
         return MouthShape(
             base=vertices.astype(np.float32),
-            seal=full(seal),
+            down=ey.astype(np.float32),
             jaw=full(jaw),
             spread=full(spread),
             round=full(rnd),
@@ -112,8 +112,22 @@ class MouthShape:
 
     def displacement(self, open_: float, width: float) -> np.ndarray:
         """(N, 2) vertex displacements of a mouth shape."""
-        out = (self.seal * -open_) if open_ < 0 else (self.jaw * open_)
-        return out + (self.spread * width if width > 0 else self.round * -width)
+        out = self.spread * width if width > 0 else self.round * -width
+        if open_ >= 0:
+            return out + self.jaw * open_
+        # Lips pressed shut (open < 0: this far): the jaw brings the lower lip up most of the way and the
+        # upper lip comes down to meet it, across the gap the lips have in this width (rounded lips part
+        # a little); each lip moves whole (stretching a lip over the teeth it showed reads as lips apart).
+        out = out.copy()
+        for iu, il, ou, ol in _LIP_PAIRS:
+            gap = float((self.base[il] + out[il] - self.base[iu] - out[iu]) @ self.down)
+            if gap > 0:
+                up, low = -open_ * SEAL_UPPER * gap * self.down, open_ * (1 - SEAL_UPPER) * gap * self.down
+                out[iu] += up
+                out[ou] += up
+                out[il] += low
+                out[ol] += low
+        return out
 
     def moved(self, open_: float, width: float) -> np.ndarray:
         return self.base + self.displacement(open_, width)
@@ -145,20 +159,22 @@ class EyeShape:
                 out[upper[k]] = LID_TRAVEL * gap
                 out[lower[k]] = -LOWER_LID_TRAVEL * gap
                 drops.append(float(gap @ ey))
-            # The skin between the lid and the brow stretches down after it, less the higher it is.
-            mean_drop = LID_TRAVEL * float(np.mean(drops)) if drops else 0.0
+            # The lid unfolds from under the brow: the skin just above the lashes comes down with them nearly
+            # rigidly (stretching the lashes themselves smears them), and the stretch is taken up higher,
+            # towards the brow, where the skin is smooth; the brow itself stays.
             lid = p[list(upper)]
-            s0, s1 = float((lid @ ex).min()), float((lid @ ex).max())
+            lid_s = lid @ ex
+            travel = LID_TRAVEL * np.array([0.0, *drops, 0.0])  # how far the lid comes down, along it
             for i in range(len(p)):
                 if i in lids:
                     continue
                 s, t = float(p[i] @ ex), float(p[i] @ ey)
-                if not s0 - 0.1 * width <= s <= s1 + 0.1 * width:
+                if not lid_s.min() <= s <= lid_s.max():
                     continue
-                t_lid = float(np.interp(s, lid @ ex, lid @ ey))
-                above = (t_lid - t) / max(width, 1e-6)
-                if 0 < above < 0.45:
-                    out[i] += (0.4 * (1 - above / 0.45) ** 2 * mean_drop) * ey
+                above = (float(np.interp(s, lid_s, lid @ ey)) - t) / max(width, 1e-6)
+                if 0 < above < LID_FOLD[1]:
+                    fold = 1 - float(_smoothstep(np.array(above), *LID_FOLD))
+                    out[i] += (LID_SKIN * fold * float(np.interp(s, lid_s, travel))) * ey
         return EyeShape(base=vertices.astype(np.float32), blink=out)
 
     def moved(self, amount: float) -> np.ndarray:

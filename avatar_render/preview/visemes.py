@@ -2,7 +2,7 @@
 
 Each phone has a target shape ``(open, width)`` (see ``shapes``) in the manner of the classic
 animation mouth sets: closed for m/b/p, lower lip to the teeth for f/v, rounded for oo/w/oh, spread
-for ee/i, open for a, slightly open with the teeth together for most consonants, rest in silence. Its
+for ee/i, open for a, slightly open with the teeth together for most consonants, lips together in a pause. Its
 pull on the mouth over time is a dominance curve (Cohen and Massaro's model of co-articulation): a
 bump centred a little before the sound (the mouth anticipates it), wider ahead than behind, higher for
 sounds the lips must make (a closure beats its neighbours; a k or an h takes theirs). The shape at
@@ -16,16 +16,17 @@ import numpy as np
 
 from avatar_render.preview.phones import Phone
 
-LEAD_S = 0.035  # the mouth's shape leads the sound
+LEAD_S = 0.015  # the mouth's shape leads the sound
 AHEAD_S = 0.075  # extra reach of a phone's dominance before it (anticipation: 50-100 ms with LEAD_S)
 BEHIND_S = 0.04  # and after it
 MIN_PHONE_S = 0.02
 CLOSURE_REACH = 0.25  # closures pull hard but briefly: their reach is this fraction of the others'
+CLOSURE_HOLD_S = 0.08  # longest time the lips stay pressed together for one m, b or p
 
 # phone: (open, width, pull on open, pull on width)
 _CLASSES: dict[tuple[str, ...], tuple[float, float, float, float]] = {
-    ("M", "B", "P"): (-1.0, 0.0, 10.0, 0.4),  # lips closed
-    ("F", "V"): (-0.45, 0.1, 3.0, 0.6),  # lower lip to the upper teeth
+    ("M", "B", "P"): (-1.0, 0.0, 6.0, 0.4),  # lips closed
+    ("F", "V"): (-0.15, 0.1, 2.0, 0.6),  # lower lip to the upper teeth (a smile shows them already: barely moves)
     ("UW", "W"): (0.12, -1.0, 1.0, 4.0),  # rounded, puckered
     ("UH",): (0.25, -0.6, 1.0, 2.0),
     ("OW",): (0.45, -0.8, 1.0, 2.5),
@@ -49,10 +50,12 @@ _CLASSES: dict[tuple[str, ...], tuple[float, float, float, float]] = {
     ("TH", "DH"): (0.2, 0.1, 0.6, 0.3),
     ("L",): (0.32, 0.1, 0.6, 0.3),
     ("K", "G", "NG", "HH"): (0.22, 0.0, 0.25, 0.2),  # shaped by their neighbours
-    ("SIL",): (0.0, 0.0, 0.8, 0.8),  # the reference's own mouth
+    # A pause inside speech pulls the lips together, gently (a stop's closure the recogniser heard as silence,
+    # a breath); in long silences ``motion.pause_track`` closes them and later goes back to the reference's.
+    ("SIL",): (-1.0, 0.0, 0.4, 0.8),
 }
 TARGETS = {phone: shape for phones, shape in _CLASSES.items() for phone in phones}
-REST = TARGETS["SIL"]
+REST = (0.0, 0.0, 0.8, 0.8)  # the reference's own mouth: where nothing is said, or an unknown phone
 
 
 def mouth_targets(phones: tuple[Phone, ...], times: np.ndarray) -> np.ndarray:
@@ -66,7 +69,10 @@ def mouth_targets(phones: tuple[Phone, ...], times: np.ndarray) -> np.ndarray:
         o, w, pull_o, pull_w = TARGETS.get(ph.label, REST)
         half = (ph.end - ph.start) / 2
         centre = ph.start + half - LEAD_S
-        reach = CLOSURE_REACH if o < -0.3 else 1.0
+        closure = o < -0.3 and ph.label != "SIL"  # (a pause holds its shape for as long as it lasts)
+        reach = CLOSURE_REACH if closure else 1.0
+        if closure:  # the lips stay shut for about one closure's length, whatever the recogniser's segment says
+            half = min(half, CLOSURE_HOLD_S / 2)
         ahead, behind = 0.5 * half + AHEAD_S * reach, 0.5 * half + BEHIND_S * reach
         near = np.flatnonzero(np.abs(times - centre) < 3 * max(ahead, behind))
         if len(near) == 0:

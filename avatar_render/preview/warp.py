@@ -88,8 +88,11 @@ def backward_map(ref: np.ndarray, moved: np.ndarray, triangles: np.ndarray, rect
     r = ref[triangles].astype(np.float64)
     # Solve A [x y 1]^T = ref for each triangle from its three corners.
     m = np.concatenate([d, np.ones((len(d), 3, 1))], axis=2)  # (T, 3, 3)
-    det = np.linalg.det(m)
-    ok = np.abs(det) > 1e-6
+    det = np.linalg.det(m)  # twice the moved triangle's signed area
+    ref_det = np.linalg.det(np.concatenate([r, np.ones((len(r), 3, 1))], axis=2))
+    # A triangle squeezed to a sliver (lips pressed together close the one between them) or folded over
+    # maps its few pixels to far-off sources: it is left out, and its pixels take a neighbour's map.
+    ok = (np.abs(det) > 1e-6) & (det * ref_det > 0) & (np.abs(det) > 0.05 * np.abs(ref_det))
     lo, hi = d.min(axis=1), d.max(axis=1)
     ok &= (hi[:, 0] >= rect.x0) & (lo[:, 0] <= rect.x1) & (hi[:, 1] >= rect.y0) & (lo[:, 1] <= rect.y1)
     if not ok.any():
