@@ -42,7 +42,8 @@ def render(
     launch = Launch.from_env()
     writes = launch.rank == 0
     with session(launch, sp=cfg.dist.sp, device=cfg.model.device,
-                 on_abort=bind(forget_empty_render, Path(request.output)) if writes and request.output is not None else None) as mesh:
+                 on_abort=bind(forget_empty_render, Path(request.output))
+                 if writes and request.output is not None else None) as mesh:
         agree(mesh, "seed and config", {"seed": cfg.seed, "config": repr(cfg)})
         say = on_message or (lambda level, text: None)
         # A render found finished (killed while being moved into place) needs no chunk loop: every process hears so.

@@ -21,8 +21,10 @@ from avatar_render.errors import AvatarRenderError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Render long talking-avatar videos from a reference image and an audio track.")
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("-c", "--config", help="YAML config (default: the embedded preview config).")]
-OverridesArg = Annotated[Optional[list[str]], typer.Argument(help="Config overrides, key=value (e.g. preview.fps=30).", show_default=False)]
+ConfigOpt = Annotated[Optional[Path], typer.Option(
+    "-c", "--config", help="YAML config (default: the embedded preview config).")]
+OverridesArg = Annotated[Optional[list[str]], typer.Argument(
+    help="Config overrides, key=value (e.g. preview.fps=30).", show_default=False)]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the full traceback of unexpected errors.")]
 
 
@@ -87,27 +89,39 @@ def _guard(out: Out, debug: bool, fn: Callable[[], None]) -> None:
 @app.command()
 def render(
     ref: Annotated[Path, typer.Option("--ref", help="Reference image (PNG/JPEG/WebP) or video.")],
-    audio: Annotated[Path, typer.Option("--audio", help="Audio of any length: wav, flac, mp3, m4a, ogg, opus or a video file.")],
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Output .mp4 file (the record; optional with --live or --serve).")] = None,
+    audio: Annotated[Path, typer.Option(
+        "--audio", help="Audio of any length: wav, flac, mp3, m4a, ogg, opus or a video file.")],
+    output: Annotated[Optional[Path], typer.Option(
+        "-o", "--output", help="Output .mp4 file (the record; optional with --live or --serve).")] = None,
     overrides: OverridesArg = None,
     config: ConfigOpt = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Random seed (overrides the config).")] = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="Write a JSON report here.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file; discard an interrupted render of it.")] = False,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted render of this output from its last complete chunk.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Overwrite an existing output file; discard an interrupted render of it.")] = False,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue an interrupted render of this output from its last complete chunk.")] = False,
     live: Annotated[Optional[list[str]], typer.Option(
         "--live", metavar="TARGET", help="Publish while rendering (repeatable): rtmp://host/app/key, srt://host:port, "
                                          "PATH.m3u8 (HLS) or - (fragmented MP4 on standard output).")] = None,
     serve: Annotated[Optional[str], typer.Option(
-        "--serve", metavar="[ADDR:]PORT", help="Serve a watch page and the HLS stream over HTTP (loopback by default; port 0: any).")] = None,
+        "--serve", metavar="[ADDR:]PORT", help="Serve a watch page and the HLS stream over HTTP (loopback by default; "
+                                               "port 0: any).")] = None,
     underrun: Annotated[str, typer.Option(
         "--underrun", help="RTMP/SRT when generation is slower than real time: stall (wait), hold (last frame and "
                            "silence), preroll (start late enough to play through).")] = "stall",
-    preroll: Annotated[float, typer.Option("--preroll", metavar="SECONDS", help="RTMP/SRT: delay of every packet after its time.")] = 1.0,
-    live_buffer: Annotated[float, typer.Option("--live-buffer", metavar="SECONDS", help="RTMP/SRT: encoded media queued ahead of the wire.")] = 10.0,
-    live_retry: Annotated[float, typer.Option("--live-retry", metavar="SECONDS", help="RTMP/SRT: how long a lost connection is retried.")] = 30.0,
-    live_gop: Annotated[float, typer.Option("--live-gop", metavar="SECONDS", help="Keyframe interval and HLS segment of a live render (when below video.gop_seconds).")] = 2.0,
-    serve_linger: Annotated[float, typer.Option("--serve-linger", metavar="SECONDS", help="--serve: after the render, keep serving while the page was open this recently (0: stop at once).")] = 10.0,
+    preroll: Annotated[float, typer.Option(
+        "--preroll", metavar="SECONDS", help="RTMP/SRT: delay of every packet after its time.")] = 1.0,
+    live_buffer: Annotated[float, typer.Option(
+        "--live-buffer", metavar="SECONDS", help="RTMP/SRT: encoded media queued ahead of the wire.")] = 10.0,
+    live_retry: Annotated[float, typer.Option(
+        "--live-retry", metavar="SECONDS", help="RTMP/SRT: how long a lost connection is retried.")] = 30.0,
+    live_gop: Annotated[float, typer.Option(
+        "--live-gop", metavar="SECONDS", help="Keyframe interval and HLS segment of a live render "
+                                              "(when below video.gop_seconds).")] = 2.0,
+    serve_linger: Annotated[float, typer.Option(
+        "--serve-linger", metavar="SECONDS", help="--serve: after the render, keep serving while the page was open "
+                                                  "this recently (0: stop at once).")] = 10.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -133,7 +147,8 @@ def render(
         request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report,
                                 resume=resume, config_file=config, live=options)
         on_message = lambda level, text: {"warning": out.warn, "notice": out.notice}.get(level, out.info)(text)  # noqa: E731
-        stopping = StopSignals(on_first=lambda _: out.warn("stopping at the next keyframe; press Ctrl-C again to stop at once."))
+        stopping = StopSignals(
+            on_first=lambda _: out.warn("stopping at the next keyframe; press Ctrl-C again to stop at once."))
         try:
             with stopping, _progress(out) as on_progress:
                 result = render_video(request, on_progress=on_progress, on_message=on_message, should_stop=stopping)
@@ -144,7 +159,8 @@ def render(
             out.warn("Stopped at once.")
             raise typer.Exit(stopping.exit_code) from None
         out.info(
-            f"{'Wrote' if output is not None else 'Streamed'} {result.output}: {result.duration_s:.2f} s, {result.frames} frames at {result.fps:g} fps, "
+            f"{'Wrote' if output is not None else 'Streamed'} {result.output}: {result.duration_s:.2f} s, "
+            f"{result.frames} frames at {result.fps:g} fps, "
             f"{result.width}x{result.height} | first frame {result.time_to_first_frame_s:.2f} s | "
             f"{result.generated_fps:.1f} fps generated, {result.realtime_factor:.2f}x real time | "
             f"peak memory {result.peak_rss_mb:.0f} MB"
@@ -268,13 +284,19 @@ def doctor(overrides: OverridesArg = None, config: ConfigOpt = None, debug: Debu
 
 @app.command()
 def bench(
-    durations: Annotated[str, typer.Option("--durations", help="Comma-separated audio durations in seconds.")] = "10,60,600",
-    sizes: Annotated[str, typer.Option("--sizes", help="Comma-separated output sizes, WIDTHxHEIGHT.")] = "256x256,512x512",
-    backends: Annotated[str, typer.Option("--backends", help="Comma-separated backends (set with backend=NAME on each render).")] = "preview",
+    durations: Annotated[str, typer.Option(
+        "--durations", help="Comma-separated audio durations in seconds.")] = "10,60,600",
+    sizes: Annotated[str, typer.Option(
+        "--sizes", help="Comma-separated output sizes, WIDTHxHEIGHT.")] = "256x256,512x512",
+    backends: Annotated[str, typer.Option(
+        "--backends", help="Comma-separated backends (set with backend=NAME on each render).")] = "preview",
     ref: Annotated[Path, typer.Option("--ref", help="Reference image.")] = Path("examples/face.png"),
-    speech: Annotated[Path, typer.Option("--speech", help="16-bit WAV speech, repeated to each duration.")] = Path("examples/talk.wav"),
-    out_dir: Annotated[Path, typer.Option("--out", help="Folder for bench.json, the PNG plots and each render's report.")] = Path("bench-results"),
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here (default: OUT/bench.json).")] = None,
+    speech: Annotated[Path, typer.Option(
+        "--speech", help="16-bit WAV speech, repeated to each duration.")] = Path("examples/talk.wav"),
+    out_dir: Annotated[Path, typer.Option(
+        "--out", help="Folder for bench.json, the PNG plots and each render's report.")] = Path("bench-results"),
+    json_out: Annotated[Optional[Path], typer.Option(
+        "--json", help="Write the results as JSON here (default: OUT/bench.json).")] = None,
     overrides: OverridesArg = None,
     config: ConfigOpt = None,
     debug: DebugOpt = False,
@@ -290,27 +312,34 @@ def bench(
         cases = parse_matrix(durations, sizes, backends)
         for path in (ref, speech):
             if not path.is_file():
-                raise AvatarRenderError(f"'{path}' does not exist (run from the project folder, or pass --ref/--speech).")
-        table = Table("backend", "audio", "size", "frames", "load", "1st frame", "1st sampled", "fps", "x real", "peak MB",
-                      "MB chunk 1/last", box=box.SIMPLE_HEAD,
-                      caption="load: reading the weights; 1st frame: seconds after the inputs were ready [DiT tokens before it]; "
-                              "1st sampled: the same for the first frame that needed sampling; fps: generated frames per second; "
+                raise AvatarRenderError(
+                    f"'{path}' does not exist (run from the project folder, or pass --ref/--speech).")
+        table = Table("backend", "audio", "size", "frames", "load", "1st frame", "1st sampled", "fps", "x real",
+                      "peak MB", "MB chunk 1/last", box=box.SIMPLE_HEAD,
+                      caption="load: reading the weights; 1st frame: seconds after the inputs were ready "
+                              "[DiT tokens before it]; "
+                              "1st sampled: the same for the first frame that needed sampling; "
+                              "fps: generated frames per second; "
                               "x real: video seconds per wall second; MB: resident memory")
 
         def show(case, row) -> None:
             gpu = "" if row.get("peak_gpu_mb") is None else f", GPU {row['peak_gpu_mb'] / 1024:.1f} GiB"
-            out.info(f"{case.seconds:g} s at {case.width}x{case.height} ({case.backend}): {row['generated_fps']:.1f} fps, "
+            out.info(f"{case.seconds:g} s at {case.width}x{case.height} ({case.backend}): "
+                     f"{row['generated_fps']:.1f} fps, "
                      f"peak {row['peak_rss_mb']:.0f} MB{gpu}")
             tokens = "" if row["first_frame_tokens"] is None else f" [{row['first_frame_tokens']}]"
             sampled = "-" if row["first_sampled_frame_s"] is None else \
                 f"{row['first_sampled_frame_s']:.2f} s [{row['first_sampled_frame_tokens']}]"
-            table.add_row(case.backend, f"{row['duration_s']:g} s", f"{row['width']}x{row['height']}", str(row["frames"]),
+            table.add_row(case.backend, f"{row['duration_s']:g} s", f"{row['width']}x{row['height']}",
+                          str(row["frames"]),
                           "-" if row["load_s"] is None else f"{row['load_s']:.2f} s",
-                          f"{row['time_to_first_frame_s']:.2f} s{tokens}", sampled, f"{row['generated_fps']:.0f}", f"{row['realtime_factor']:.2f}",
-                          f"{row['peak_rss_mb']:.0f}", f"{row['rss_mb_first_chunk']:.0f} / {row['rss_mb_last_chunk']:.0f}")
+                          f"{row['time_to_first_frame_s']:.2f} s{tokens}", sampled, f"{row['generated_fps']:.0f}",
+                          f"{row['realtime_factor']:.2f}",
+                          f"{row['peak_rss_mb']:.0f}",
+                          f"{row['rss_mb_first_chunk']:.0f} / {row['rss_mb_last_chunk']:.0f}")
 
-        results = run_bench(cases, reference=ref, speech=speech, out_dir=out_dir, overrides=tuple(overrides or ()), on_result=show,
-                            config=config)
+        results = run_bench(cases, reference=ref, speech=speech, out_dir=out_dir, overrides=tuple(overrides or ()),
+                            on_result=show, config=config)
         out.table(table)
         for path in write_results(results, out_dir, json_path=json_out):
             out.info(f"Wrote {path}")
@@ -321,9 +350,12 @@ def bench(
 @app.command()
 def inspect(
     video: Annotated[Path, typer.Argument(help="A rendered MP4.", show_default=False)],
-    report: Annotated[Optional[Path], typer.Option("--report", help="The render's --report JSON (needed for the seam ratio).")] = None,
-    ref: Annotated[Optional[Path], typer.Option("--ref", help="The reference image or video it was rendered from (default: its first frame).")] = None,
-    audio: Annotated[Optional[Path], typer.Option("--audio", help="The speech it was rendered from (default: its own audio track).")] = None,
+    report: Annotated[Optional[Path], typer.Option(
+        "--report", help="The render's --report JSON (needed for the seam ratio).")] = None,
+    ref: Annotated[Optional[Path], typer.Option(
+        "--ref", help="The reference image or video it was rendered from (default: its first frame).")] = None,
+    audio: Annotated[Optional[Path], typer.Option(
+        "--audio", help="The speech it was rendered from (default: its own audio track).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the metrics over time as a PNG here.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the metrics as JSON here.")] = None,
     debug: DebugOpt = False,
@@ -365,7 +397,8 @@ class _count_progress:
 
     def update(self, done: int, total: int | None) -> None:
         if self.bar is None:
-            self.bar = Progress(TextColumn(f"[bold]{self.label}"), BarColumn(), TextColumn("{task.completed:.0f} frames"),
+            self.bar = Progress(TextColumn(f"[bold]{self.label}"), BarColumn(),
+                                TextColumn("{task.completed:.0f} frames"),
                                 TimeRemainingColumn(), console=self.out.console, transient=True)
             self.bar.__enter__()
             self.task = self.bar.add_task(self.label, total=total)

@@ -44,7 +44,8 @@ class VideoConfig:
     crf: int = 20  # libx264 constant rate factor: 0 lossless .. 51 worst
     preset: str = "veryfast"  # libx264 speed/size trade-off
     audio_bitrate: int = 128_000  # AAC bits per second
-    gop_seconds: float = 10.0  # a keyframe (and a fresh encoder) at the first chunk start this long after the last: where a stopped render resumes
+    gop_seconds: float = 10.0  # a keyframe (and a fresh encoder) at the first chunk start this long after the last:
+    #   where a stopped render resumes
 
 
 @dataclass(frozen=True)
@@ -107,10 +108,12 @@ class ModelConfig:
     audio_scale: float = 4.0
     prompt: str = "A person is talking naturally, with clear lip movements."
     negative_prompt: str = ""
-    audio_module: Optional[str] = None  # the audio-module safetensors; None = look for infinitetalk.safetensors in root
+    audio_module: Optional[str] = None  # the audio-module safetensors; None = look for infinitetalk.safetensors
+    #   in root
     lora: Optional[str] = None  # a LoRA safetensors file merged at load (e.g. a few-step distillation)
     lora_scale: float = 1.0
-    context_mode: str = "latents"  # how the previous chunk conditions the next: its latents as they are, or re-encoded frames
+    context_mode: str = "latents"  # how the previous chunk conditions the next: its latents as they are, or
+    #   re-encoded frames
     colour_guard: float = 0.0  # 0..1: pull each chunk's colour statistics towards the reference
     # Super-resolution: generate small, publish at video.width x video.height (which stay the output size).
     #   none: the DiT generates at the output size;
@@ -123,7 +126,8 @@ class ModelConfig:
     # half the output size rounded down to a multiple of 16 (640x352 for 1280x720, 960x528 for 1920x1080).
     gen_width: int = 0
     gen_height: int = 0
-    sr_root: Optional[str] = None  # sr=swiftvr: the SwiftVR folder (reae.safetensors, prompt_embedding.safetensors, transformer/)
+    sr_root: Optional[str] = None  # sr=swiftvr: the SwiftVR folder (reae.safetensors, prompt_embedding.safetensors,
+    #   transformer/)
     vae2x: Optional[str] = None  # the 2x decoder: its .safetensors, or the Wan2.1-VAE-upscale2x folder (either layout)
     # With neither model.root nor the SR paths set, the SR models get random weights (tiny tests, speed checks).
     sr_fidelity: str = "lowres"  # sr=swiftvr: what the mouth is blended toward and a drifting chunk falls back to:
@@ -332,7 +336,8 @@ def validate(cfg: Config) -> None:
         (cfg.video.preset in PRESETS, "video.preset", f"must be one of {', '.join(PRESETS)}"),
         (16 <= cfg.video.width <= MAX_SIDE and cfg.video.width % 2 == 0, "video.width", f"must be {_EVEN_SIDE}"),
         (16 <= cfg.video.height <= MAX_SIDE and cfg.video.height % 2 == 0, "video.height", f"must be {_EVEN_SIDE}"),
-        (cfg.video.width * cfg.video.height <= 4096 * 4096, "video.width", "times video.height must not exceed 4096x4096"),
+        (cfg.video.width * cfg.video.height <= 4096 * 4096, "video.width",
+         "times video.height must not exceed 4096x4096"),
         (0 <= cfg.video.crf <= 51, "video.crf", "must be between 0 and 51"),
         (8_000 <= cfg.video.audio_bitrate <= 512_000, "video.audio_bitrate", "must be between 8000 and 512000"),
         (0.04 <= cfg.video.gop_seconds <= 3600, "video.gop_seconds", "must be between 0.04 and 3600"),
@@ -365,20 +370,27 @@ def validate(cfg: Config) -> None:
         (cfg.model.size in MODEL_SIZES, "model.size", f"must be one of {', '.join(MODEL_SIZES)}"),
         (cfg.model.dtype in DTYPES, "model.dtype", f"must be one of {', '.join(DTYPES)}"),
         (cfg.model.vae_dtype in DTYPES, "model.vae_dtype", f"must be one of {', '.join(DTYPES)}"),
-        (cfg.model.context_mode in CONTEXT_MODES, "model.context_mode", f"must be one of {', '.join(CONTEXT_MODES)}"),
+        (cfg.model.context_mode in CONTEXT_MODES, "model.context_mode",
+         f"must be one of {', '.join(CONTEXT_MODES)}"),
         (cfg.model.sr in SR_MODES, "model.sr", f"must be one of {', '.join(SR_MODES)}"),
         (cfg.model.sr_fidelity in SR_FIDELITY, "model.sr_fidelity", f"must be one of {', '.join(SR_FIDELITY)}"),
-        (cfg.model.gen_width >= 0 and cfg.model.gen_width % 16 == 0, "model.gen_width", "must be 0 or a multiple of 16"),
-        (cfg.model.gen_height >= 0 and cfg.model.gen_height % 16 == 0, "model.gen_height", "must be 0 or a multiple of 16"),
-        ((cfg.model.gen_width == 0) == (cfg.model.gen_height == 0), "model.gen_width", "and model.gen_height must be set together"),
-        (cfg.model.sr != "none" or cfg.model.gen_width in (0, cfg.video.width) and cfg.model.gen_height in (0, cfg.video.height),
-         "model.gen_width", "and model.gen_height must equal video.width and video.height (or be 0) with model.sr=none"),
+        (cfg.model.gen_width >= 0 and cfg.model.gen_width % 16 == 0, "model.gen_width",
+         "must be 0 or a multiple of 16"),
+        (cfg.model.gen_height >= 0 and cfg.model.gen_height % 16 == 0, "model.gen_height",
+         "must be 0 or a multiple of 16"),
+        ((cfg.model.gen_width == 0) == (cfg.model.gen_height == 0), "model.gen_width",
+         "and model.gen_height must be set together"),
+        (cfg.model.sr != "none"
+         or cfg.model.gen_width in (0, cfg.video.width) and cfg.model.gen_height in (0, cfg.video.height),
+         "model.gen_width",
+         "and model.gen_height must equal video.width and video.height (or be 0) with model.sr=none"),
         (0 <= cfg.model.sr_mouth <= 1, "model.sr_mouth", "must be between 0 and 1"),
         (0 <= cfg.model.sr_colour <= 1, "model.sr_colour", "must be between 0 and 1"),
         (cfg.model.sr_identity_drop >= 0, "model.sr_identity_drop", "must not be negative"),
         (cfg.model.sr_overlap >= 0, "model.sr_overlap", "must not be negative"),
         (cfg.model.compile in COMPILE_MODES, "model.compile", f"must be one of {', '.join(COMPILE_MODES)}"),
-        (cfg.model.attention in ATTENTION_BACKENDS, "model.attention", f"must be one of {', '.join(ATTENTION_BACKENDS)}"),
+        (cfg.model.attention in ATTENTION_BACKENDS, "model.attention",
+         f"must be one of {', '.join(ATTENTION_BACKENDS)}"),
         (1 <= cfg.model.fps <= 120, "model.fps", "must be between 1 and 120"),
         (1 <= cfg.model.steps <= 1000, "model.steps", "must be between 1 and 1000"),
         (cfg.model.shift > 0, "model.shift", "must be positive"),
@@ -387,7 +399,8 @@ def validate(cfg: Config) -> None:
         (cfg.dist.prefetch_blocks >= 0, "dist.prefetch_blocks", "must not be negative"),
         (set(cfg.dist.offload) <= {"dit", "sr"}, "dist.offload",
          "may only name dit and sr for now (the other modules are offloaded by their stages)"),
-        (set(cfg.dist.offload.values()) <= {"resident", "offloaded"}, "dist.offload", "values must be resident or offloaded"),
+        (set(cfg.dist.offload.values()) <= {"resident", "offloaded"}, "dist.offload",
+         "values must be resident or offloaded"),
     ]
     for ok, key, why in checks:
         if not ok:

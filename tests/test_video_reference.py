@@ -124,10 +124,12 @@ def test_variable_frame_rate_is_followed_by_timestamps(tmp_path):
 
 def test_a_rotated_phone_video_is_turned_upright(media):
     first, video = open_reference(media / "phone.mp4", fps=Fraction(25), timing="loop")
-    assert first.shape == (240, 180, 3) and video.info.turns == 1 and (video.info.width, video.info.height) == (180, 240)
+    assert (first.shape == (240, 180, 3) and video.info.turns == 1
+            and (video.info.width, video.info.height) == (180, 240))
     _, frame = next(SourceFrames(video.info).read([3]))
     assert frame.shape == (240, 180, 3)
-    want = make_reference_video.camera_frame(np.asarray(Image.open(make_reference_video.FACE).convert("RGB")), 0.0, 180, 240)
+    want = make_reference_video.camera_frame(np.asarray(Image.open(make_reference_video.FACE).convert("RGB")),
+                                             0.0, 180, 240)
     assert np.abs(first.astype(int) - want).mean() < 8  # (upright: turned the other way it is ~100 off)
 
 
@@ -148,7 +150,8 @@ def test_the_dubbed_mouth_follows_the_new_speech(media, tmp_path):
     """A take held still (so the mouth is measured where it is): the dub's mouth moves with the new
     audio's loudness, from the take's own quietest moment as the rest."""
     still = tmp_path / "still.mp4"
-    frame = make_reference_video.camera_frame(np.asarray(Image.open(make_reference_video.FACE).convert("RGB")), 0.0, 240, 180)
+    frame = make_reference_video.camera_frame(np.asarray(Image.open(make_reference_video.FACE).convert("RGB")),
+                                              0.0, 240, 180)
     with av.open(str(still), "w") as c:
         s = c.add_stream("libx264", rate=25)
         s.width, s.height, s.pix_fmt = 240, 180, "yuv420p"
@@ -305,12 +308,14 @@ def test_tiny_diffusion_backend_conditions_each_chunk_on_its_source_frame(media)
         plans = list(pipe._plans(reader))[:3]
         windows = []
         for plan in plans:
-            x = ChunkInput(plan=plan, fps=pipe.fps, audio=reader.model_audio(plan.start, plan.end, pad_s=pipe.audio_pad_s),
+            x = ChunkInput(plan=plan, fps=pipe.fps,
+                           audio=reader.model_audio(plan.start, plan.end, pad_s=pipe.audio_pad_s),
                            audio_rate=pipe.audio_rate, audio_pad_s=pipe.audio_pad_s, anchors=(), seed=0)
             windows.append(context.run(x, static=static, carry=None)[0])
     assert windows[0].cond is None  # N0: the first frame, the request's own condition
     later = [w for w in windows[1:] if w.cond is not None]
-    assert len(later) == 2 and not torch.equal(later[0].cond, static.cond) and not torch.equal(later[0].cond, later[1].cond)
+    assert (len(later) == 2 and not torch.equal(later[0].cond, static.cond)
+            and not torch.equal(later[0].cond, later[1].cond))
     assert later[0].clip_fea.shape == static.clip_fea.shape
 
 

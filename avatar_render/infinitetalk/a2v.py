@@ -124,12 +124,14 @@ class A2VStage(Stage[AudioWindow, LatentChunk]):
                     v, kv[variant[name]] = self.dit.predict(inp, t.to(device), texts[name], clip_fea, a, keep_kv=True)
             return v[0].float()
 
-        latents = sample(self.sampler, noise=noise.float().to(device), predict=predict, pin=pin, evaluate=self.evaluate).cpu()
+        latents = sample(self.sampler, noise=noise.float().to(device), predict=predict, pin=pin,
+                         evaluate=self.evaluate).cpu()
         count("dit_tokens", dit_tokens(model.config, noise.shape) * self.sampler.steps * len(passes(self.sampler)))
         if own_image:
             kv = carry.kv  # (the request's own, untouched)
         if plan.kind == "I":
-            return LatentChunk(plan=plan, latents=latents, first_latent=latent_of(plan.start)), ContextCarry(carry.latents, kv)
+            return (LatentChunk(plan=plan, latents=latents, first_latent=latent_of(plan.start)),
+                    ContextCarry(carry.latents, kv))
         new = latents if plan.start == 0 else latents[:, m:]  # N0 publishes its reference latent as frame 0
         out = LatentChunk(plan=plan, latents=new, first_latent=latent_of(plan.start))
         keep = latents if self.context_mode == "reencode" else new[:, -self.context_latents :]

@@ -52,7 +52,8 @@ class DiTModule(TorchModule):
         super().__init__(device=device, dtype=dtype, seed=seed, shard=parallel.apply if parallel else None)
         self.config, self.root, self.audio_module, self.loras = config, root, audio_module, loras
         self.plan = parallel  # how the DiT is split across processes (dist.parallelize)
-        self.stream_blocks = stream_blocks if parallel is None else 0  # >0: blocks in pinned host memory, this many ahead
+        self.stream_blocks = stream_blocks if parallel is None else 0  # >0: blocks in pinned host memory, this many
+        #   ahead
         self.streamer: Optional[BlockStreamer] = None
         self.speed = speed  # the throughput levers (models/dit_speed.py)
         self._attention = attention_context(speed.attention)
@@ -76,8 +77,8 @@ class DiTModule(TorchModule):
                     nn.Module.to(child, self.device)
         apply_speed(self.net, self.speed)
 
-    def predict(self, x: torch.Tensor, t: torch.Tensor, context: Optional[torch.Tensor], clip_fea: Optional[torch.Tensor],
-                audio: torch.Tensor, *, cross_kv=None, keep_kv: bool = False):
+    def predict(self, x: torch.Tensor, t: torch.Tensor, context: Optional[torch.Tensor],
+                clip_fea: Optional[torch.Tensor], audio: torch.Tensor, *, cross_kv=None, keep_kv: bool = False):
         """One DiT pass (``WanAudioDiT.forward``) with the levers that act per call: the SDPA backend and,
         with ``cuda_graphs``, a replayed graph (the passes that hand back their keys and values run eagerly)."""
         with self._attention():
@@ -181,7 +182,8 @@ def architectures(size: str) -> Architectures:
         dit = dataclasses.replace(DiTConfig.tiny(), clip_dim=image.hidden_size, text_dim=text.d_model,
                                   audio_layers=audio["num_hidden_layers"], audio_dim=audio["hidden_size"])
         return Architectures(dit=dit, vae=VaeConfig.tiny(), text=text, image=image, audio=audio)
-    return Architectures(dit=DiTConfig.infinitetalk_14b(), vae=VaeConfig(), text=TextEncoderConfig(), image=ImageEncoderConfig(), audio=None)
+    return Architectures(dit=DiTConfig.infinitetalk_14b(), vae=VaeConfig(), text=TextEncoderConfig(),
+                         image=ImageEncoderConfig(), audio=None)
 
 
 def dit_speed(m: ModelConfig) -> DiTSpeed:
@@ -218,7 +220,8 @@ def make_components(m: ModelConfig, *, seed: int, parallel: Optional[DiTPlan] = 
         dit=DiTModule(dit_cfg, root=root, audio_module=audio_module, loras=loras, dtype=dtype, parallel=parallel,
                       stream_blocks=stream_dit, speed=speed, **kw),
         vae=WanVae(vae_cfg, path=root, dtype=getattr(torch, m.vae_dtype), **kw),
-        text=TextEncoder(text_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, shard=text_shard, **kw),
+        text=TextEncoder(text_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32,
+                         shard=text_shard, **kw),
         image=ImageEncoder(image_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32, **kw),
         audio=AudioEncoder(path=wav2vec, config=audio_cfg, dtype=torch.float32, **kw),
     )

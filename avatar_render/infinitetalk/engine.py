@@ -25,17 +25,22 @@ def check_sizes(cfg: Config) -> None:
     width, height = cfg.gen_size
     size_key = "model.gen_width" if cfg.model.gen_width else "video.width"
     checks = [
-        (c.chunk_frames % TIME_STRIDE == 0, "chunk.chunk_frames", "must be a multiple of 4 for this backend (the VAE packs 4 frames per latent)"),
-        (c.context_frames >= 1 and (c.context_frames - 1) % TIME_STRIDE == 0, "chunk.context_frames", "must be 1 + 4k for this backend (e.g. 1, 5, 9)"),
-        (c.transition_frames % (2 * TIME_STRIDE) == 0, "chunk.transition_frames", "must be a multiple of 8 for this backend"),
-        (frames_in(latents_in(c.context_frames)) <= c.chunk_frames + 1, "chunk.context_frames", "must not exceed chunk.chunk_frames + 1"),
+        (c.chunk_frames % TIME_STRIDE == 0, "chunk.chunk_frames",
+         "must be a multiple of 4 for this backend (the VAE packs 4 frames per latent)"),
+        (c.context_frames >= 1 and (c.context_frames - 1) % TIME_STRIDE == 0, "chunk.context_frames",
+         "must be 1 + 4k for this backend (e.g. 1, 5, 9)"),
+        (c.transition_frames % (2 * TIME_STRIDE) == 0, "chunk.transition_frames",
+         "must be a multiple of 8 for this backend"),
+        (frames_in(latents_in(c.context_frames)) <= c.chunk_frames + 1, "chunk.context_frames",
+         "must not exceed chunk.chunk_frames + 1"),
         (c.first_frames % TIME_STRIDE == 0, "chunk.first_frames",
          "must be a multiple of 4 for this backend (0: as long as chunk.chunk_frames; 4 is the shortest)"),
         (c.first_frames == 0 or frames_in(latents_in(c.context_frames)) <= c.first_frames + 1, "chunk.first_frames",
-         f"must be at least chunk.context_frames - 1 ({c.context_frames - 1}) for this backend: the second chunk takes its "
-         "context from the first"),
+         f"must be at least chunk.context_frames - 1 ({c.context_frames - 1}) for this backend: "
+         "the second chunk takes its context from the first"),
         (width % SPATIAL_STRIDE == 0 and height % SPATIAL_STRIDE == 0, size_key,
-         f"and its height must be multiples of 16 for this backend (it is the size the model generates at: {width}x{height})"),
+         "and its height must be multiples of 16 for this backend "
+         f"(it is the size the model generates at: {width}x{height})"),
     ]
     for ok, key, why in checks:
         if not ok:
@@ -48,7 +53,8 @@ def build_infinitetalk(cfg: Config, mesh: Mesh) -> Pipeline:
     m, c = cfg.model, cfg.chunk
     comps = make_components(m, seed=cfg.seed, parallel=dit_plan(cfg.dist, mesh), text_shard=text_plan(cfg.dist, mesh),
                             device=mesh.device,
-                            stream_dit=max(1, cfg.dist.prefetch_blocks) if cfg.dist.offload.get("dit") == "offloaded" else 0)
+                            stream_dit=max(1, cfg.dist.prefetch_blocks)
+                            if cfg.dist.offload.get("dit") == "offloaded" else 0)
     context_latents = latents_in(c.context_frames)
     new_latents = c.chunk_frames // TIME_STRIDE + 1  # N0 holds the reference latent too
     first_latents = (c.first_frames or c.chunk_frames) // TIME_STRIDE + 1
@@ -59,7 +65,8 @@ def build_infinitetalk(cfg: Config, mesh: Mesh) -> Pipeline:
     spare = spare_replicas(mesh, at_once, architectures(m.size).dit.num_heads) if mesh.distributed else None
     return Pipeline(
         init=ModelInit(vae=comps.vae, text=comps.text, image=comps.image, prompt=m.prompt,
-                       negative_prompt=m.negative_prompt, max_latents=max_latents, face_box=cfg.face.box, size=cfg.gen_size),
+                       negative_prompt=m.negative_prompt, max_latents=max_latents, face_box=cfg.face.box,
+                       size=cfg.gen_size),
         generate=(
             AudioContext(audio=comps.audio, context_latents=context_latents,
                          latent_hw=(cfg.gen_size[1] // 8, cfg.gen_size[0] // 8), vae=comps.vae, image=comps.image),
@@ -67,7 +74,8 @@ def build_infinitetalk(cfg: Config, mesh: Mesh) -> Pipeline:
                      evaluate=split_passes(mesh, serial) if cfg.dist.cfg_parallel else serial, sampler=sampler),
         ),
         decode=build_publish(cfg, comps, mesh),  # the decode, and the SR stage with model.sr
-        sizes=ChunkSizes(c.chunk_frames, c.context_frames, c.transition_frames, lead_frames=1, first_frames=c.first_frames),
+        sizes=ChunkSizes(c.chunk_frames, c.context_frames, c.transition_frames, lead_frames=1,
+                         first_frames=c.first_frames),
         lead=reference_lead,  # frame 0 is the reference latent's: it goes out before N0 is sampled
         overlap_decode=cfg.run.overlap_decode,
         decode_context=side_stream(comps.vae.device) if cfg.run.overlap_decode else nullcontext,

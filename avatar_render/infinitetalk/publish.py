@@ -42,7 +42,8 @@ def build_publish(cfg: Config, comps: Components, mesh: Mesh) -> Stage:
     m, dist = cfg.model, cfg.dist
     if m.sr == "none":
         return LatentDecode(vae=comps.vae, colour_guard=m.colour_guard,
-                            split=RowSplit(mesh) if mesh.distributed and dist.split_decode else None, writes=mesh.is_writer)
+                            split=RowSplit(mesh) if mesh.distributed and dist.split_decode else None,
+                            writes=mesh.is_writer)
     shard_dit = None
     if mesh.distributed and dist.fsdp:
         offload = dist.offload.get("sr") == "offloaded"
@@ -51,7 +52,8 @@ def build_publish(cfg: Config, comps: Components, mesh: Mesh) -> Stage:
     sr = make_sr_components(m, seed=cfg.seed, device=_device(cfg, mesh), shard_dit=shard_dit, stream_dit=stream)
     out = (cfg.video.width, cfg.video.height)
     if m.sr == "vae2x":
-        return StageChain((PixelDecode(vae=sr.vae2x, colour_guard=m.colour_guard), SRStage(size=out, writes=mesh.is_writer)))
+        return StageChain((PixelDecode(vae=sr.vae2x, colour_guard=m.colour_guard),
+                           SRStage(size=out, writes=mesh.is_writer)))
     stages: list[Stage] = [PixelDecode(vae=comps.vae, colour_guard=m.colour_guard)]
     if sr.vae2x is not None:
         stages.append(FidelityDecode(vae=sr.vae2x, colour_guard=m.colour_guard))

@@ -47,12 +47,14 @@ def make_sr_components(m: ModelConfig, *, seed: int, device: torch.device,
     vae2x = None
     if needs_vae2x(m):
         path = _path(m.vae2x, "model.vae2x", "Wan2.1 VAE 2x decoder (Wan2.1-VAE-upscale2x)", random=random)
-        vae2x = Upscale2xVae(vae2x_config(m.size), path=path, device=device, dtype=getattr(torch, m.vae_dtype), seed=seed + 11)
+        vae2x = Upscale2xVae(vae2x_config(m.size), path=path, device=device, dtype=getattr(torch, m.vae_dtype),
+                             seed=seed + 11)
     reae = dit = None
     if m.sr == "swiftvr":
         root = _path(m.sr_root, "model.sr_root", "SwiftVR model folder", random=random)
         if root is not None and not root.is_dir():
-            raise AvatarRenderError(f"model.sr_root '{root}' is not a folder; point it at the downloaded SwiftVR folder.")
+            raise AvatarRenderError(
+                f"model.sr_root '{root}' is not a folder; point it at the downloaded SwiftVR folder.")
         reae_cfg, dit_cfg = config_for(m.size)
         dtype = getattr(torch, m.dtype)
         reae = ReaeModule(reae_cfg, root=root, device=device, dtype=dtype, seed=seed + 12)

@@ -16,7 +16,8 @@ from avatar_render.models.sr.vae2x import pixel_shuffle_video
 from avatar_render.models.vae import StreamingDecoder, WanVae
 
 
-def decode_latents(vae: WanVae, latents: torch.Tensor, carry: DecodeCarry, frames: int) -> tuple[torch.Tensor, DecodeCarry]:
+def decode_latents(vae: WanVae, latents: torch.Tensor, carry: DecodeCarry,
+                   frames: int) -> tuple[torch.Tensor, DecodeCarry]:
     """The next latents [16, n, h, w] of the stream -> (its first ``frames`` frames [1, 3, T, H, W] in
     [-1, 1] on the compute device, pixel-shuffled for the 2x decoder; the carry after them)."""
     dec = StreamingDecoder(vae)

@@ -114,10 +114,12 @@ class FaceGuard:
             if x1 - x0 < 8 or y1 - y0 < 8:
                 continue
             crop = (frames[i, :, y0:y1, x0:x1].clamp(0, 1) * 255 + 0.5).to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-            values.append(float(face_descriptor(cv2.cvtColor(crop, cv2.COLOR_RGB2GRAY).astype(np.float32)) @ self.reference))
+            values.append(float(face_descriptor(cv2.cvtColor(crop, cv2.COLOR_RGB2GRAY).astype(np.float32))
+                                @ self.reference))
         return float(np.mean(values)) if values else float("nan")
 
-    def apply(self, sr: torch.Tensor, fidelity: torch.Tensor, lowres_up: torch.Tensor, shifts: np.ndarray) -> GuardResult:
+    def apply(self, sr: torch.Tensor, fidelity: torch.Tensor, lowres_up: torch.Tensor,
+              shifts: np.ndarray) -> GuardResult:
         """sr, fidelity, lowres_up: [T, 3, H, W] in [0, 1] (the SR output, the fidelity path, the low-res
         frames upscaled); shifts: (T, 2) the face's, from ``track``."""
         s = self.settings

@@ -193,7 +193,8 @@ class LatentDecode(Stage[LatentSegment, Frames]):
     input_type = LatentSegment
     output_type = Frames
 
-    def __init__(self, *, vae: WanVae, colour_guard: float, split: Optional[RowSplit] = None, writes: bool = True) -> None:
+    def __init__(self, *, vae: WanVae, colour_guard: float, split: Optional[RowSplit] = None,
+                 writes: bool = True) -> None:
         self.vae = vae
         self.colour_guard = colour_guard
         self.split = split  # decode a strip of rows here, the other processes the rest (dist.split_decode)
@@ -213,7 +214,8 @@ class LatentDecode(Stage[LatentSegment, Frames]):
         return dataclasses.replace(carry, cache=None)  # rebuilt from ``recent`` on resume
 
     def restored_carry(self, saved: DecodeCarry, static: ModelStatic) -> DecodeCarry:
-        return dataclasses.replace(saved, cache=self._decoder(saved.recent.shape[-2]).restore(saved.recent, saved.decoded))
+        return dataclasses.replace(
+            saved, cache=self._decoder(saved.recent.shape[-2]).restore(saved.recent, saved.decoded))
 
     def run(self, x: LatentSegment, *, static: ModelStatic, carry: DecodeCarry) -> tuple[Frames, DecodeCarry]:
         height = x.latents.shape[-2]
@@ -238,7 +240,8 @@ def anchor_colour(frames: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, s
     whole frames or a strip of rows whose sums ``total`` adds up over all strips."""
     flat = frames.flatten(3)
     f64 = torch.float64
-    sums = torch.stack([flat.new_full(flat.shape[:-1], flat.shape[-1], dtype=f64), flat.sum(3, dtype=f64), flat.square().sum(3, dtype=f64)])
+    sums = torch.stack([flat.new_full(flat.shape[:-1], flat.shape[-1], dtype=f64), flat.sum(3, dtype=f64),
+                        flat.square().sum(3, dtype=f64)])
     n, s1, s2 = sums if total is None else total(sums)  # each [1, 3, T]
     m = s1 / n
     s = ((s2 - s1 * m) / (n - 1).clamp_min(1)).clamp_min(0).sqrt().clamp_min(1e-4)

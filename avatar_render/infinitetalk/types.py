@@ -59,7 +59,8 @@ class LatentChunk(Generated):
 
     def segment(self, start: int, end: int) -> LatentSegment:
         a, b = latents_for(start, end)
-        return LatentSegment(start=start, end=end, latents=self.latents[:, a - self.first_latent : b - self.first_latent].clone())
+        return LatentSegment(start=start, end=end,
+                             latents=self.latents[:, a - self.first_latent : b - self.first_latent].clone())
 
     def anchor(self, frame: int) -> torch.Tensor:
         i = latent_of(frame) - self.first_latent
@@ -84,4 +85,5 @@ class Decoded:
     end: int
     pixels: torch.Tensor  # [1, 3, T, H, W] float32 in [-1, 1], T = end - start, at the decoder's output size
     latents: torch.Tensor  # [16, n, h, w]: what they were decoded from (a second decoder may decode them again)
-    fidelity: Optional[torch.Tensor] = None  # [1, 3, T, H2, W2]: the same frames by the 2x decoder (model.sr_fidelity=vae2x)
+    fidelity: Optional[torch.Tensor] = None  # [1, 3, T, H2, W2]: the same frames by the 2x decoder
+    #   (model.sr_fidelity=vae2x)

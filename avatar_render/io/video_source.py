@@ -59,7 +59,8 @@ def probe_source(path: Path, *, max_pixels: int) -> SourceInfo:
     try:
         container = av.open(str(path))
     except (av.FFmpegError, OSError, ValueError):
-        raise AvatarRenderError(f"The reference video {shown(path)} cannot be opened; it is corrupt or not a video.") from None
+        raise AvatarRenderError(
+            f"The reference video {shown(path)} cannot be opened; it is corrupt or not a video.") from None
     with container:
         if not container.streams.video:
             raise AvatarRenderError(f"The reference {shown(path)} has no video stream to take the face from.")
@@ -69,7 +70,8 @@ def probe_source(path: Path, *, max_pixels: int) -> SourceInfo:
             raise AvatarRenderError(f"The reference video {shown(path)} has no frame size that can be read.")
         if ctx.width * ctx.height > max_pixels:
             raise AvatarRenderError(
-                f"The reference {shown(path)} is {ctx.width}x{ctx.height} pixels, over the limit of {max_pixels:,}; downscale it first.")
+                f"The reference {shown(path)} is {ctx.width}x{ctx.height} pixels, over the limit of {max_pixels:,}; "
+                "downscale it first.")
         pts, durations = [], []
         try:
             for packet in container.demux(stream):
@@ -176,8 +178,8 @@ class SourceFrames:
             index, frame = self._decode_next()
             if index is None:
                 raise AvatarRenderError(
-                    f"The reference video {shown(self.info.path)} has no decodable frame {want} of {self.info.num_frames}; "
-                    "it is cut or corrupt (re-encode it).")
+                    f"The reference video {shown(self.info.path)} has no decodable frame {want} "
+                    f"of {self.info.num_frames}; it is cut or corrupt (re-encode it).")
             if index < want:
                 continue
             if index > want:  # the seek landed past it (a container without a usable index): from the start

@@ -97,7 +97,8 @@ def inspect_video(
 
     reference: the reference image it was rendered from (fitted like the renderer does); without
     it, the first frame is the reference. A video reference is also compared frame by frame: each
-    output frame against the source frame at its time (the report says the timing and the backend). report: the render's ``--report`` JSON, needed for seams.
+    output frame against the source frame at its time (the report says the timing and the backend).
+    report: the render's ``--report`` JSON, needed for seams.
     audio: the speech it was rendered from; without it, the video's own audio track.
     face_box: [x, y, w, h] of the face (reference pixels with a reference, else video pixels); None = detect.
     """
@@ -157,7 +158,8 @@ def inspect_video(
     mouth.finish()
     if on_progress is not None:
         on_progress(count, count)
-    parts = dict(tracker=tracker, colour=colour, change=change, mouth=mouth, eyes=eyes, identity=identity, sharpness=sharpness)
+    parts = dict(tracker=tracker, colour=colour, change=change, mouth=mouth, eyes=eyes, identity=identity,
+                 sharpness=sharpness)
     result = _result(info, ref, rep, speech, rms.numpy() if levels is not None else None, count, **parts)
     if source is not None:
         result = dataclasses.replace(result, source=source.result(change.values.numpy()))
@@ -169,7 +171,8 @@ def _chain(first: np.ndarray, rest):
     yield from rest
 
 
-def _result(info, ref: Reference, rep, speech, rms, count, *, tracker, colour, change, mouth, eyes, identity, sharpness) -> InspectResult:
+def _result(info, ref: Reference, rep, speech, rms, count, *, tracker, colour, change, mouth, eyes, identity,
+            sharpness) -> InspectResult:
     fps = float(info.fps)
     missing: dict[str, str] = {}
     notes: list[str] = []
@@ -181,7 +184,8 @@ def _result(info, ref: Reference, rep, speech, rms, count, *, tracker, colour, c
     else:
         seams = seam_result(change.values.numpy(), rep)
         if isinstance(rep.get("frames"), int) and rep["frames"] != count:
-            notes.append(f"The report describes {rep['frames']} frames but the video has {count}; is it this video's report?")
+            notes.append(f"The report describes {rep['frames']} frames but the video has {count}; "
+                         "is it this video's report?")
     sync = None
     if rms is None:
         missing["mouth"] = "needs speech: pass --audio or a video with an audio track"
@@ -195,10 +199,12 @@ def _result(info, ref: Reference, rep, speech, rms, count, *, tracker, colour, c
         head=tracker.positions(), sharpness=sharpness.values.numpy(),
     )
     return InspectResult(
-        video=VideoSummary(path=str(info.path), frames=count, fps=fps, width=info.width, height=info.height, duration_s=round(count / fps, 4)),
+        video=VideoSummary(path=str(info.path), frames=count, fps=fps, width=info.width, height=info.height,
+                           duration_s=round(count / fps, 4)),
         reference=ref.source, face_found=ref.face_found,
         colour=colour.result(fps), seams=seams, mouth=sync, blinks=eyes.result(fps), head=tracker.result(fps),
-        identity=identity.result(fps), sharpness=sharpness.result(fps), missing=missing, notes=tuple(notes), series=series,
+        identity=identity.result(fps), sharpness=sharpness.result(fps), missing=missing, notes=tuple(notes),
+        series=series,
     )
 
 

@@ -30,8 +30,10 @@ def summary_rows(r: InspectResult) -> list[tuple[str, str, str]]:
     if r.source is not None:
         o = r.source
         wrap = "" if o.wrap_ratio is None else f"; worst turn of the loop {o.wrap_ratio:.2f} ({len(o.wraps)} turns)"
-        rows.append(("source video", f"{o.outside_mouth_vs_source:.2f}", f"grey levels off the source frame at the same time "
-                     f"outside the mouth (vs its first frame {o.outside_mouth_vs_first:.2f}; mouth {o.mouth_vs_source:.2f}){wrap}"))
+        rows.append(("source video", f"{o.outside_mouth_vs_source:.2f}",
+                     "grey levels off the source frame at the same time "
+                     f"outside the mouth (vs its first frame {o.outside_mouth_vs_first:.2f}; "
+                     f"mouth {o.mouth_vs_source:.2f}){wrap}"))
     if r.seams is None:
         rows.append(("seam ratio", "n/a", r.missing.get("seams", "")))
     else:
