@@ -124,7 +124,8 @@ def scan_faces(video: VideoReference, detector: FaceDetector, landmarks: Landmar
             if mesh is not None and landmarks is not None:
                 mesh = landmarks.track(frame, mesh)
             if mesh is None:
-                small = frame if scale == 1.0 else cv2.resize(frame, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+                small = (frame if scale == 1.0
+                         else cv2.resize(frame, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA))
                 layout = detector.detect(small)
                 if layout is None:
                     continue
