@@ -3,7 +3,7 @@ the default configuration, measures each on its own frames with face landmarks (
 and times the whole job (encode included) at 512x512, 1280x720 and 1920x1080; a longer render of the
 example for the seam ratio (``avatar-render inspect``) and its peak memory against a 10 s render's.
 
-    python scripts/preview_measure.py [--out bench-out/preview] [--seam-s 198] [--skip-speed] [--skip-seams]
+    python scripts/preview_figures.py [--out bench-out/preview] [--seam-s 198] [--skip-speed] [--skip-seams]
         [--only talk mbp ...] [--json figures.json] [overrides ...]
 
 The extra recordings are made by ``scripts/make_examples.py --extra OUT/rec`` (espeak-ng) when missing.
