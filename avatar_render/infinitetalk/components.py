@@ -33,13 +33,12 @@ from avatar_render.models.dit_speed import DiTSpeed, GraphedCalls, apply_speed, 
 from avatar_render.models.image_encoder import ImageEncoder, ImageEncoderConfig
 from avatar_render.models.text_encoder import TextEncoder, TextEncoderConfig
 from avatar_render.models.vae import VaeConfig, WanVae
-from avatar_render.models.weights import TorchModule
-from avatar_render.pipeline.module import Placement
+from avatar_render.models.weights import StreamedBlocksModule
 
 WAV2VEC_DIR = "chinese-wav2vec2-base"  # the audio encoder the family uses, beside or inside the model folder
 
 
-class DiTModule(TorchModule):
+class DiTModule(StreamedBlocksModule):
     """The A2V transformer: Wan-native or diffusers base weights + the audio-module file + LoRAs."""
 
     name = "dit"
@@ -70,11 +69,7 @@ class DiTModule(TorchModule):
         else:
             super()._load()
         if self.stream_blocks:
-            net = self.net
-            self.streamer = BlockStreamer(net.blocks, self.device, ahead=self.stream_blocks)
-            for name, child in net.named_children():  # everything but the blocks stays on the device
-                if name != "blocks":
-                    nn.Module.to(child, self.device)
+            self.stream(self.net.blocks, self.net, ahead=self.stream_blocks)
         apply_speed(self.net, self.speed)
 
     def predict(self, x: torch.Tensor, t: torch.Tensor, context: Optional[torch.Tensor],
@@ -103,25 +98,6 @@ class DiTModule(TorchModule):
         net.to_empty(device=plan.home)
         self.read_weights(net)
         return net.eval().requires_grad_(False)
-
-    def load(self) -> None:
-        super().load()
-        if self.streamer is not None:
-            self.placement = Placement.STREAMED
-
-    def offload(self) -> None:
-        # Streamed, the blocks live on the host already; the first ones stay on their way to the
-        # device for the next forward (a block or two of GPU memory), so coming back costs nothing.
-        if self.streamer is None:
-            super().offload()
-
-    def prefetch(self) -> None:
-        if self.net is None:
-            self.load()
-        if self.streamer is not None:
-            self.streamer.prefetch()
-        else:
-            super().prefetch()
 
     @property
     def compute_device(self) -> torch.device:

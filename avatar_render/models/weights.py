@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from avatar_render.distributed.streaming import BlockStreamer
 from avatar_render.errors import AvatarRenderError
 from avatar_render.pipeline.module import Module, Placement
 
@@ -274,3 +275,37 @@ class TorchModule(Module):
     def parameter_count(self) -> int:
         assert self.net is not None
         return sum(p.numel() for p in self.net.parameters())
+
+
+class StreamedBlocksModule(TorchModule):
+    """A TorchModule whose transformer blocks may live in pinned host memory, each copied to the device
+    a few blocks ahead of its forward (``stream`` sets it up once the weights are read); everything else
+    stays on the device."""
+
+    streamer: BlockStreamer | None = None
+
+    def stream(self, blocks: nn.ModuleList, rest: nn.Module, *, ahead: int) -> None:
+        """Stream ``blocks``; move the other children of ``rest`` to the device."""
+        self.streamer = BlockStreamer(blocks, self.device, ahead=ahead)
+        for name, child in rest.named_children():
+            if name != "blocks":
+                nn.Module.to(child, self.device)
+
+    def load(self) -> None:
+        super().load()
+        if self.streamer is not None:
+            self.placement = Placement.STREAMED
+
+    def offload(self) -> None:
+        # Streamed, the blocks live on the host already; the first ones stay on their way to the
+        # device for the next forward (a block or two of GPU memory), so coming back costs nothing.
+        if self.streamer is None:
+            super().offload()
+
+    def prefetch(self) -> None:
+        if self.net is None:
+            self.load()
+        if self.streamer is not None:
+            self.streamer.prefetch()
+        else:
+            super().prefetch()

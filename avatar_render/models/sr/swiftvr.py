@@ -22,6 +22,7 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.models.sr.reae import Reae, ReaeConfig
 from avatar_render.models.sr.swiftvr_dit import SwiftDiTConfig, SwiftVRDiT, fp32_island
 from avatar_render.models.weights import (
+    StreamedBlocksModule,
     TorchModule,
     by_table,
     load_checkpoint,
@@ -29,7 +30,6 @@ from avatar_render.models.weights import (
     read_tensors,
     safetensors_shards,
 )
-from avatar_render.pipeline.module import Placement
 
 REAE_FILE = "reae.safetensors"
 PROMPT_FILE = "prompt_embedding.safetensors"
@@ -64,7 +64,7 @@ class ReaeModule(TorchModule):
         return self.net  # type: ignore[return-value]
 
 
-class SwiftDiTModule(TorchModule):
+class SwiftDiTModule(StreamedBlocksModule):
     """The one-step DiT and the prompt embedding it is conditioned on. ``stream_blocks`` > 0 keeps its
     blocks in pinned host memory, each copied to the device that many blocks ahead (as the A2V DiT's
     ``dist.offload.dit=offloaded``); ``shard`` splits it across the processes of a launch (FSDP2)."""
@@ -104,10 +104,7 @@ class SwiftDiTModule(TorchModule):
             self.prompt = torch.randn(self.config.prompt_tokens, self.config.text_dim, generator=g).to(
                 self.device, self.dtype)
         if self.stream_blocks:
-            self.streamer = BlockStreamer(self.net.blocks, self.device, ahead=self.stream_blocks)
-            for name, child in self.net.transformer.named_children():
-                if name != "blocks":
-                    nn.Module.to(child, self.device)
+            self.stream(self.net.blocks, self.net.transformer, ahead=self.stream_blocks)
 
     def read_weights(self, net: nn.Module) -> None:
         names = set(net.state_dict())
@@ -135,22 +132,8 @@ class SwiftDiTModule(TorchModule):
                                     f"the {self.what} needs (1, L, {self.config.text_dim}).")
         return emb.to(self.device, self.dtype)
 
-    def load(self) -> None:
-        super().load()
-        if self.streamer is not None:
-            self.placement = Placement.STREAMED
-
-    def offload(self) -> None:
-        if self.streamer is None:
-            super().offload()
-
     def prefetch(self) -> None:
-        if self.net is None:
-            self.load()
-        if self.streamer is not None:
-            self.streamer.prefetch()
-        else:
-            super().prefetch()
+        super().prefetch()
         if self.prompt is not None:
             self.prompt = self.prompt.to(self.compute_device)
 
