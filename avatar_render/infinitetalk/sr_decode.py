@@ -28,6 +28,15 @@ def decode_latents(vae: WanVae, latents: torch.Tensor, carry: DecodeCarry,
     return out[:, :, :frames], DecodeCarry(cache, recent, carry.decoded + latents.shape[1])
 
 
+def guarded_decode(stage: LatentDecode, x: LatentSegment | Decoded, static: ModelStatic,
+                   carry: DecodeCarry) -> tuple[torch.Tensor, DecodeCarry]:
+    """``x``'s latents decoded by ``stage``'s VAE, its colour guard applied: (frames, carry after them)."""
+    frames, carry = decode_latents(stage.vae, x.latents, carry, x.end - x.start)
+    if stage.colour_guard > 0:
+        frames = anchor_colour(frames, static.ref_mean, static.ref_std, stage.colour_guard)
+    return frames, carry
+
+
 class PixelDecode(LatentDecode):
     """Latents -> frames on the device, whole frames in every process (the SR stage needs them whole)."""
 
@@ -35,13 +44,8 @@ class PixelDecode(LatentDecode):
     input_type = LatentSegment
     output_type = Decoded
 
-    def __init__(self, *, vae: WanVae, colour_guard: float) -> None:
-        super().__init__(vae=vae, colour_guard=colour_guard)
-
     def run(self, x: LatentSegment, *, static: ModelStatic, carry: DecodeCarry) -> tuple[Decoded, DecodeCarry]:
-        frames, carry = decode_latents(self.vae, x.latents, carry, x.end - x.start)
-        if self.colour_guard > 0:
-            frames = anchor_colour(frames, static.ref_mean, static.ref_std, self.colour_guard)
+        frames, carry = guarded_decode(self, x, static, carry)
         return Decoded(start=x.start, end=x.end, pixels=frames, latents=x.latents), carry
 
 
@@ -52,11 +56,6 @@ class FidelityDecode(LatentDecode):
     input_type = Decoded
     output_type = Decoded
 
-    def __init__(self, *, vae: WanVae, colour_guard: float) -> None:
-        super().__init__(vae=vae, colour_guard=colour_guard)
-
     def run(self, x: Decoded, *, static: ModelStatic, carry: DecodeCarry) -> tuple[Decoded, DecodeCarry]:
-        frames, carry = decode_latents(self.vae, x.latents, carry, x.end - x.start)
-        if self.colour_guard > 0:
-            frames = anchor_colour(frames, static.ref_mean, static.ref_std, self.colour_guard)
+        frames, carry = guarded_decode(self, x, static, carry)
         return dataclasses.replace(x, fidelity=frames), carry
