@@ -88,14 +88,14 @@ class HeadMask:
 class FaceRig:
     image: np.ndarray  # (H, W, 3) uint8, the fitted reference
     mesh: fm.FaceMesh  # in output pixels
-    mouth: MouthShape | None  # None: the face is too small to animate its mouth and eyes
-    eyes: EyeShape | None
-    mouth_bank: Bank | None
-    eye_bank: Bank | None
-    teeth: Teeth | None
     # (3,) float32 RGB each: the shadow under the teeth, the mouth's dark, the tongue
     interior: tuple[np.ndarray, np.ndarray, np.ndarray]
     head: HeadMask
+    mouth: MouthShape | None = None  # None: the face is too small to animate its mouth and eyes
+    eyes: EyeShape | None = None
+    mouth_bank: Bank | None = None
+    eye_bank: Bank | None = None
+    teeth: Teeth | None = None
 
 
 def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
@@ -105,17 +105,7 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     red = float(skin @ np.array([0.299, 0.587, 0.114], np.float32)) * np.array(_MOUTH_RED, np.float32)
     interior = (red * np.float32(0.2), red * np.float32(0.38), red * np.float32(0.7))
     if mesh.mouth_width() < MIN_MOUTH_PX:
-        return FaceRig(
-            image=image,
-            mesh=mesh,
-            mouth=None,
-            eyes=None,
-            mouth_bank=None,
-            eye_bank=None,
-            teeth=None,
-            interior=interior,
-            head=_head_mask(mesh, width, height),
-        )
+        return FaceRig(image=image, mesh=mesh, interior=interior, head=_head_mask(mesh, width, height))
     vertices = _vertices(mesh)
     mouth = MouthShape.build(mesh, vertices)
     eyes = EyeShape.build(mesh, vertices)
