@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -47,6 +48,11 @@ class SourceInfo:
     @property
     def duration(self) -> Fraction:
         return (self.end_pts - int(self.pts[0])) * self.time_base
+
+    @cached_property
+    def offsets(self) -> np.ndarray:
+        """(N,) int64 presentation times from the first frame's, in time_base units."""
+        return self.pts - self.pts[0]
 
     @property
     def fps(self) -> float:
@@ -132,7 +138,7 @@ class SourceTimeline:
         n = info.num_frames
         if n == 1:
             return 0
-        times = info.pts - info.pts[0]  # (N,) ticks from the first frame
+        times = info.offsets  # (N,) ticks from the first frame
         end = info.end_pts - int(info.pts[0])  # when the last frame ends
         tick = math.floor(Fraction(frame) / self.fps / info.time_base)
         if self.timing == "loop":
