@@ -29,13 +29,13 @@ from avatar_render.files import shown
 from avatar_render.io.video_source import SourceFrames, VideoReference
 from avatar_render.pipeline.types import Frames, RequestInput
 from avatar_render.preview.motion import OPEN, WIDTH
+from avatar_render.preview.rig import mesh_vertices
 from avatar_render.preview.shapes import JAW_DROP, LIP_RAISE, MouthShape
 from avatar_render.preview.warp import Rect, backward_map, delaunay, polygon_mask
 
 DETECT_PER_S = 10.0  # face positions measured per second of source video (interpolated between)
 SMOOTH_S = 0.3  # the crop follows the face through a Gaussian of this sigma, seconds
 MIN_FACE_SHARE = 0.5  # fewer sampled frames with a face than this: refused
-_RING = 1.35  # fixed vertices on the face outline scaled by this about its centre (the warp fades inside)
 _DETECT_SIDE = 480  # frames are searched for the face at most this large
 _SEAM_OPEN = 0.15  # below this audio opening, the seam of a shut source mouth is painted over with its lips
 
@@ -253,16 +253,10 @@ def render_dub(src: DubSource, start: int, params: np.ndarray) -> Frames:
     return Frames(start=start, frames=out)
 
 
-def _vertices(mesh: fm.FaceMesh) -> np.ndarray:
-    oval = mesh.at(fm.FACE_OVAL)
-    centre = oval.mean(axis=0)
-    return np.concatenate([mesh.points, centre + (oval - centre) * _RING]).astype(np.float32)
-
-
 def mouth_triangles(mesh: fm.FaceMesh) -> np.ndarray:
     """Triangles of the mesh with the mouth opened, so none spans from one lip to the other (the landmarks
     between the lip contours left out); the same topology serves every frame of the video."""
-    vertices = _vertices(mesh)
+    vertices = mesh_vertices(mesh)
     contours = set(fm.LIPS_OUTER_UPPER + fm.LIPS_OUTER_LOWER + fm.LIPS_INNER_UPPER + fm.LIPS_INNER_LOWER)
     outline = mesh.at(fm.LIPS_OUTER_UPPER + fm.LIPS_OUTER_LOWER[::-1]).astype(np.float32)
     drop = np.array([i < fm.NUM_POINTS and i not in contours
@@ -287,7 +281,7 @@ def redub(image: np.ndarray, mesh: fm.FaceMesh, rig: DubRig, open_: float, width
     """The fitted source frame with its mouth moved from its own opening to ``open_`` (and lips to ``width``).
     -> (H, W, 3) uint8; pixels no moving triangle covers are the source's."""
     height, w_img = image.shape[:2]
-    vertices = _vertices(mesh)
+    vertices = mesh_vertices(mesh)
     shape = MouthShape.build(mesh, vertices)
     own = source_opening(mesh)
     target = max(open_, 0.0)

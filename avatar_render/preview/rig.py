@@ -106,7 +106,7 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     interior = (red * np.float32(0.2), red * np.float32(0.38), red * np.float32(0.7))
     if mesh.mouth_width() < MIN_MOUTH_PX:
         return FaceRig(image=image, mesh=mesh, interior=interior, head=_head_mask(mesh, width, height))
-    vertices = _vertices(mesh)
+    vertices = mesh_vertices(mesh)
     mouth = MouthShape.build(mesh, vertices)
     eyes = EyeShape.build(mesh, vertices)
     triangles = _triangulate(vertices, mouth, mesh)
@@ -126,7 +126,7 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     )
 
 
-def _vertices(mesh: fm.FaceMesh) -> np.ndarray:
+def mesh_vertices(mesh: fm.FaceMesh) -> np.ndarray:
     """The landmarks, then a fixed ring around the face outline (the warp fades out inside it)."""
     oval = mesh.at(fm.FACE_OVAL)
     centre = oval.mean(axis=0)
