@@ -10,7 +10,8 @@ Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all pr
 * aperture (the figure the targets are judged on): in the middle 40 % of the mouth, the length of the line
   from the frame's outer upper to its outer lower lip contour whose grey level is 40 or more from the
   reference's lips (teeth, the dark of the mouth), median over 9 columns, in eye distances
-  (``metrics.face_track.lip_aperture``); lips pressed together read about a pixel. Closures: under 15 %
+  (``metrics.face_track.lip_aperture``); such pixels joined to either end of the line are skin beyond a
+  contour placed a pixel off and are not counted (lips pressed together read 0). Closures: under 15 %
   of its speech median within 40 ms of an m/b/p's middle; silence: its mean in silence over speech.
 * visible opening: the pixels inside the frame's outer lip contour that are not lip (teeth or the dark
   mouth: grey level 40 or more from the reference's lips), in squared eye distances. The landmark

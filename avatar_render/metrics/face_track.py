@@ -167,8 +167,9 @@ def lip_aperture(gray: np.ndarray, mesh: fm.FaceMesh, lip_luma: float, *, contra
     """How far apart the lips are, read from the pixels between them (pixels): in the middle 40 % of the
     mouth, the length of the line from the outer upper to the outer lower lip contour (landmarks found in
     the frame) whose grey level differs from the lips' own (``lip_luma``) by ``contrast`` or more (teeth,
-    the dark of the mouth), the median over columns. Lips pressed together read about a pixel: the dark
-    line where they meet. gray: (H, W) float32."""
+    the dark of the mouth), the median over columns. Such pixels joined to either end of the line are not
+    counted: they lie outside the lips (skin beyond a contour the landmark model placed a pixel off), and
+    they made lips pressed together read about a pixel. gray: (H, W) float32."""
     ex, ey = mesh.axes()
     c = (mesh.points[61] + mesh.points[291]) / 2
     half = mesh.mouth_width() / 2
@@ -186,5 +187,7 @@ def lip_aperture(gray: np.ndarray, mesh: fm.FaceMesh, lip_luma: float, *, contra
         x = (c[0] + s * ex[0] + ts * ey[0] - 0.5).astype(np.float32)[None]
         y = (c[1] + s * ex[1] + ts * ey[1] - 0.5).astype(np.float32)[None]
         values = cv2.remap(gray, x, y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)[0]
-        runs.append(float(np.sum(np.abs(values - lip_luma) >= contrast)) * step)
+        off = np.abs(values - lip_luma) >= contrast
+        lips = np.flatnonzero(~off)
+        runs.append(float(np.sum(off[lips[0] : lips[-1] + 1]) if len(lips) else len(off)) * step)
     return float(np.median(runs))
