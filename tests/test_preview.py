@@ -65,6 +65,51 @@ def test_short_pauses_in_speech_become_closures():
     assert stop_closures(long_pause, np.zeros(RATE, np.float32))[1].label == "SIL"
 
 
+def _tone(seconds: float, *freqs: float, level: float = 0.3) -> np.ndarray:
+    t = np.arange(int(seconds * RATE)) / RATE
+    return (level * sum(np.sin(2 * np.pi * f * t) for f in freqs) / len(freqs)).astype(np.float32)
+
+
+def test_loud_stretches_of_a_long_pause_are_sound_and_murmurs_closures():
+    # The recogniser called 0.1-0.88 s a pause (a filler): silence, a vowel, a low murmur, the vowel again.
+    silence = np.zeros(int(0.3 * RATE), np.float32)
+    vowel = _tone(0.15, 700, 2500, 3500)  # (energy above 3 kHz: its onset is not a lip release)
+    murmur = _tone(0.08, 180, 250, level=0.1)  # a voice behind closed lips: all of it low, steady, softer
+    audio = np.concatenate([_tone(0.1, 700, 1200), silence, vowel, murmur, vowel, _tone(0.1, 700, 1200)])
+    phones = (Phone("AA", 0.0, 0.1), Phone("SIL", 0.1, 0.78), Phone("AA", 0.78, 0.88))
+    out = stop_closures(phones, audio)
+    assert [p.label for p in out] == ["AA", "SIL", "AH", "M", "AH", "AA"]
+    assert out[3].start == pytest.approx(0.55, abs=0.03) and out[3].end == pytest.approx(0.63, abs=0.03)
+    assert all(a.end == b.start for a, b in zip(out, out[1:]))  # still covering the window, in order
+    # Without the murmur the loud stretch is one sound; a quiet pause stays a pause.
+    plain = np.concatenate([_tone(0.1, 700, 1200), silence, vowel, _tone(0.08, 700, 2500, 3500), vowel,
+                            _tone(0.1, 700, 1200)])
+    assert [p.label for p in stop_closures(phones, plain)] == ["AA", "SIL", "AH", "AA"]
+    quiet = np.concatenate([_tone(0.1, 700, 1200), np.zeros(int(0.68 * RATE), np.float32), _tone(0.1, 700, 3500)])
+    assert [p.label for p in stop_closures(phones, quiet)] == ["AA", "SIL", "AA"]
+
+
+def test_speech_after_a_pause_with_a_low_onset_starts_from_closed_lips():
+    n = int(0.3 * RATE)
+    low = _tone(0.3, 300)
+    high = np.diff(np.random.default_rng(1).standard_normal(n), prepend=0).astype(np.float32)  # an s or a t
+    phones = (Phone("SIL", 0.0, 0.6), Phone("AA", 0.6, 0.9))
+    for onset, expected in ((low, ["SIL", "B", "AA"]), (high, ["SIL", "AA"])):
+        out = stop_closures(phones, np.concatenate([np.zeros(int(0.6 * RATE), np.float32), onset]))
+        assert [p.label for p in out] == expected
+    assert out[0].end == 0.6 and stop_closures(phones, np.concatenate([np.zeros(int(0.6 * RATE)), low]))[1].start == (
+        pytest.approx(0.5)
+    )
+
+
+def test_a_long_lip_closure_is_shut_over_its_quietest_part():
+    # The recogniser's B took in the vowel before it: only its quiet end is the closure.
+    audio = np.concatenate([_tone(0.3, 700, 1200), np.full(int(0.1 * RATE), 1e-4, np.float32), _tone(0.2, 700)])
+    out = stop_closures((Phone("AA", 0.0, 0.2), Phone("B", 0.2, 0.4), Phone("AA", 0.4, 0.6)), audio)
+    assert [p.label for p in out][:3] == ["AA", "HH", "B"] and out[-1] == Phone("AA", 0.4, 0.6)
+    assert 0.29 <= out[2].start and out[2].end <= 0.4 and out[2].end - out[2].start == pytest.approx(0.08)
+
+
 def test_visemes_close_for_m_and_spread_ee_rounded_oo():
     phones = (
         Phone("SIL", 0, 0.3),

@@ -18,9 +18,19 @@ from avatar_render.pipeline.module import Module
 
 RATE = 16_000  # the acoustic model's sample rate
 GAP_S = 0.25  # a pause shorter than this inside speech is the closure of a stop consonant
+ONSET_S = 0.1  # a longer pause ending in a low-pitched onset ends with the lips closed this long
 BURST_N = round(0.016 * 16_000)  # samples of the release burst after it, whose spectrum tells lips from tongue
-LOUD_DB = -32.0  # a long "pause" this loud (dBFS) ...
-LOUD_SHARE = 0.8  # ... in this share of its 10-ms frames is sound the recogniser could not name
+LOUD_BELOW_PEAK_DB = 20.0  # inside a long "pause", a stretch within this of the window's loudest 10 ms ...
+LOUD_FLOOR_DB = -50.0  # ... and above this (dBFS) ...
+LOUD_RUN_S = 0.1  # ... for this long is sound the recogniser could not name
+MURMUR_LOW = 0.85  # in such sound, lips closed on a voice (m, b) sound like this share of energy under 500 Hz ...
+MURMUR_MID = 0.12  # ... less than this between 1 and 3 kHz ...
+MURMUR_HF = 0.02  # ... and less than this above 3 kHz
+MURMUR_S = 0.03  # for at least this long, steady ...
+MURMUR_STEADY_DB = 6.0  # ... within this
+MURMUR_N = round(0.025 * 16_000)  # samples of the spectrum around each 10-ms frame
+CLOSURE_S = 0.08  # how long the lips stay shut for one m, b or p
+LIPS = ("M", "B", "P")
 LIP_BURST_LOW = 0.6  # the lips made the closure when at least this share of the burst's energy is under 1.5 kHz
 LIP_BURST_HF = 0.1  # and less than this share above 3 kHz
 FRAME_S = 0.01  # PocketSphinx's frame shift
@@ -96,30 +106,95 @@ class PhoneRecognizer(Module):
 def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, ...]:
     """Name the silences the recogniser leaves inside speech.
 
-    A long one that is loud throughout is sound it could not place (noise, an unknown voice): a neutral
-    open vowel. A short one between two sounds is the closure of a stop (the recogniser calls a p, b, t
-    or k closure a pause): the lips made it when its release burst is low-pitched (most of its energy
-    under 1.5 kHz, little above 3 kHz), a B; otherwise a T.
+    Loud stretches of a long one are sound it could not place (noise, an unknown voice, a word it took for
+    a filler): a neutral open vowel, but an M where the sound is a murmur (nearly all of it low-pitched, as
+    a voice is behind closed lips). A short one between two sounds is the closure of a stop (the recogniser
+    calls a p, b, t or k closure a pause): the lips made it when its release burst is low-pitched (most of
+    its energy under 1.5 kHz, little above 3 kHz), a B; otherwise a T. Speech that starts after a longer
+    pause with such a low-pitched onset (a b or p, and also a voiced sound such as an r or a w, which lips
+    closed in the pause open into) starts from closed lips: the pause's last ONSET_S is a B.
+    An m, b or p the recogniser heard longer than a closure is shut only over its quietest CLOSURE_S (its
+    segment often takes in part of the sound before it); the rest is an HH, shaped by its neighbours.
     """
-    out = list(phones)
     frame = round(FRAME_S * RATE)
+    level = 10 * np.log10(np.mean(audio[: len(audio) // frame * frame].reshape(-1, frame) ** 2, axis=1) + 1e-12)
+    out = []
+    for p in phones:
+        if p.label == "SIL":
+            out += _loud_stretches(p, audio, level)
+        elif p.label in LIPS:
+            out += _quietest(p, level)
+        else:
+            out.append(p)
+    named: list[Phone] = []
     for i, p in enumerate(out):
-        seg = audio[round(p.start * RATE) : round(p.end * RATE)]
-        if p.label != "SIL" or p.end - p.start < GAP_S or len(seg) < frame:
-            continue
-        frames = seg[: len(seg) // frame * frame].reshape(-1, frame)
-        if np.mean(10 * np.log10(np.mean(frames**2, axis=1) + 1e-12) > LOUD_DB) >= LOUD_SHARE:
-            out[i] = Phone("AH", p.start, p.end)
-    for i in range(1, len(out) - 1):
-        p = out[i]
-        if p.label != "SIL" or p.end - p.start >= GAP_S or "SIL" in (out[i - 1].label, out[i + 1].label):
+        if p.label != "SIL" or i + 1 == len(out) or out[i + 1].label == "SIL":
+            named.append(p)
             continue
         shares = _burst_shares(audio, p.end)
-        if shares is None:
+        lips = shares is not None and shares[0] >= LIP_BURST_LOW and shares[1] < LIP_BURST_HF
+        if i > 0 and out[i - 1].label != "SIL" and p.end - p.start < GAP_S:
+            named.append(p if shares is None else Phone("B" if lips else "T", p.start, p.end))
+        elif lips:
+            cut = max(p.start, p.end - ONSET_S)
+            named += [Phone("SIL", p.start, cut)] * (cut > p.start) + [Phone("B", cut, p.end)]
+        else:
+            named.append(p)
+    return tuple(named)
+
+
+def _quietest(closure: Phone, level: np.ndarray) -> list[Phone]:
+    """An m, b or p cut to its quietest CLOSURE_S (level: (n,) dB of the window's 10-ms frames), HH either side."""
+    a, b = round(closure.start / FRAME_S), min(round(closure.end / FRAME_S), len(level))
+    k = round(CLOSURE_S / FRAME_S)
+    if b - a <= k:
+        return [closure]
+    i = a + int(np.argmin(np.convolve(level[a:b], np.ones(k), mode="valid")))
+    start, end = max(i * FRAME_S, closure.start), min((i + k) * FRAME_S, closure.end)
+    before = [Phone("HH", closure.start, start)] if start > closure.start else []
+    after = [Phone("HH", end, closure.end)] if closure.end > end else []
+    return before + [Phone(closure.label, start, end)] + after
+
+
+def _loud_stretches(pause: Phone, audio: np.ndarray, level: np.ndarray) -> list[Phone]:
+    """A long SIL with its loud stretches (see ``stop_closures``) named AH or M, in order, covering it.
+    level: (n,) dB of the window's 10-ms frames."""
+    a, b = round(pause.start / FRAME_S), min(round(pause.end / FRAME_S), len(level))
+    if pause.end - pause.start < GAP_S or b <= a:
+        return [pause]
+    loud = level[a:b] > max(LOUD_FLOOR_DB, float(level.max()) - LOUD_BELOW_PEAK_DB)
+    labels = np.full(b - a, "SIL", dtype=object)
+    for is_loud, i, j in _runs(loud):
+        if is_loud and (j - i) * FRAME_S >= LOUD_RUN_S:
+            labels[i:j] = np.where(_murmur(audio, a + i, a + j), "M", "AH")
+    for label, i, j in _runs(labels):  # (murmurs too short or unsteady for a closure are part of the sound)
+        if label == "M" and ((j - i) * FRAME_S < MURMUR_S or np.ptp(level[a + i : a + j]) > MURMUR_STEADY_DB):
+            labels[i:j] = "AH"
+    times = np.clip((a + np.arange(b - a + 1)) * FRAME_S, pause.start, pause.end)
+    times[-1] = pause.end
+    return [Phone(label, float(times[i]), float(times[j])) for label, i, j in _runs(labels)]
+
+
+def _runs(values: np.ndarray) -> list[tuple]:
+    """(value, start, end) of each run of equal values of a non-empty (n,) array, in order."""
+    cuts = [0, *(np.flatnonzero(values[1:] != values[:-1]) + 1).tolist(), len(values)]
+    return [(values[i], i, j) for i, j in zip(cuts[:-1], cuts[1:])]
+
+
+def _murmur(audio: np.ndarray, a: int, b: int) -> np.ndarray:
+    """(b - a,) bool: 10-ms frames a .. b of the window whose spectrum is a voice behind closed lips."""
+    frame, half = round(FRAME_S * RATE), MURMUR_N // 2
+    freqs = np.fft.rfftfreq(MURMUR_N, 1 / RATE)
+    out = np.zeros(b - a, bool)
+    for k, i in enumerate(range(a, b)):
+        c = i * frame + frame // 2
+        if c - half < 0 or c + half > len(audio):
             continue
-        low, high = shares
-        out[i] = Phone("B" if low >= LIP_BURST_LOW and high < LIP_BURST_HF else "T", p.start, p.end)
-    return tuple(out)
+        power = np.abs(np.fft.rfft(audio[c - half : c + half] * np.hanning(MURMUR_N))) ** 2
+        total = max(float(power.sum()), 1e-12)
+        low, mid = power[freqs < 500].sum() / total, power[(freqs > 1000) & (freqs < 3000)].sum() / total
+        out[k] = low >= MURMUR_LOW and mid < MURMUR_MID and power[freqs > 3000].sum() / total < MURMUR_HF
+    return out
 
 
 def _burst_shares(audio: np.ndarray, near: float) -> tuple[float, float] | None:
