@@ -31,6 +31,8 @@ MURMUR_STEADY_DB = 6.0  # ... within this
 MURMUR_N = round(0.025 * 16_000)  # samples of the spectrum around each 10-ms frame
 CLOSURE_S = 0.08  # how long the lips stay shut for one m, b or p
 LIPS = ("M", "B", "P")
+HELD_QUIET_DB = 20.0  # sound this far under the window's loudest 10 ms right after an m, b or p ...
+HELD_S = 0.03  # ... for this long keeps the lips shut
 LIP_BURST_LOW = 0.6  # the lips made the closure when at least this share of the burst's energy is under 1.5 kHz
 LIP_BURST_HF = 0.1  # and less than this share above 3 kHz
 FRAME_S = 0.01  # PocketSphinx's frame shift
@@ -140,7 +142,28 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
             named += [Phone("SIL", p.start, cut)] * (cut > p.start) + [Phone("B", cut, p.end)]
         else:
             named.append(p)
-    return tuple(named)
+    return tuple(_held_shut(named, level))
+
+
+def _held_shut(phones: list[Phone], level: np.ndarray) -> list[Phone]:
+    """Lips closed for an m, b or p stay closed through the quiet that follows it before the next sound (the
+    p of "pumpkin", "cup by"): at least HELD_S of it becomes a P, cut from the phone after."""
+    out = list(phones)
+    quiet = float(level.max()) - HELD_QUIET_DB if len(level) else 0.0
+    for i in range(len(out) - 1):
+        p, q = out[i], out[i + 1]
+        if p.label not in LIPS or q.label in LIPS:
+            continue
+        a, b = round(p.end / FRAME_S), min(round(q.end / FRAME_S), len(level))
+        j = a
+        while j < b and level[j] < quiet:
+            j += 1
+        if (j - a) * FRAME_S >= HELD_S:
+            end = q.end if j == b else j * FRAME_S
+            out[i + 1] = Phone("P", p.end, end)
+            if end < q.end:
+                out.insert(i + 2, Phone(q.label, end, q.end))
+    return out
 
 
 def _quietest(closure: Phone, level: np.ndarray) -> list[Phone]:
