@@ -225,3 +225,30 @@ def test_a_short_first_chunk_publishes_the_first_frames_early(tmp_path):
         assert pubs[-1].end == 150 and all(p.frames.shape[1:] == (128, 128, 3) for p in pubs)
     assert starts[8][0] == (0, 8 - cfg.chunk.transition_frames // 2)
     assert starts[0][0][1] > 8
+
+
+@pytest.mark.skipif(find_model() is None, reason="face landmark model not installed (scripts/fetch_face_model.py)")
+def test_the_measures_head_undo_finds_the_rendered_head_motion(example):
+    """The identity measure undoes the head's motion read from the frame: on renders whose head motion is
+    known (turned, nodded, zoomed, with the mouth rounded or open and a blink), it finds it within a
+    fifth of a pixel over the still region, where the landmarks' pose alone is off by one to three."""
+    from avatar_render.face.landmarks import LandmarkModel
+    from avatar_render.metrics.face_track import FaceTracker, still_mask
+    from avatar_render.preview.render import head_inverse
+
+    rig = example.rig
+    model = LandmarkModel(find_model())
+    still = still_mask(rig.mesh, rig.image.shape[:2])
+    tracker = FaceTracker(model, rig.mesh, image=rig.image, still=still)
+    ys, xs = np.nonzero(still)
+    pts = np.stack([xs, ys, np.ones_like(xs)], axis=1).astype(np.float64)
+    errors = []
+    for p in (
+        row(open_=0.3, width=-0.9, dy=0.012, roll=-0.8),
+        row(open_=0.6, width=0.9, dx=0.01, roll=1.2, zoom=0.005),
+        row(open_=0.4, blink=1.0, dx=-0.006, dy=0.008, roll=0.6, zoom=-0.004),
+    ):
+        read = tracker.read(render_frame(rig, p))
+        true = cv2.invertAffineTransform(head_inverse(rig, p))
+        errors.append(np.abs(pts @ (read.head - true).T).max())
+    assert max(errors) < 0.2, errors
