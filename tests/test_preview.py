@@ -252,3 +252,22 @@ def test_the_measures_head_undo_finds_the_rendered_head_motion(example):
         true = cv2.invertAffineTransform(head_inverse(rig, p))
         errors.append(np.abs(pts @ (read.head - true).T).max())
     assert max(errors) < 0.2, errors
+
+
+@pytest.mark.parametrize("size", [512, 1024])
+def test_the_still_region_ends_where_its_mouth_region_begins(size):
+    """The identity measure's still region stops at its mouth region's line, 0.15 eye distances above the nose
+    tip, all across the face (the grown oval's own points lie too far apart on the sides to draw that line)."""
+    from avatar_render.face import mesh as fm
+    from avatar_render.metrics.face_track import still_mask
+
+    mesh = rig_for(size, size).rig.mesh
+    still = still_mask(mesh, (size, size))
+    _, ey = mesh.axes()
+    centre = mesh.at(fm.FACE_OVAL).mean(axis=0)
+    line = float((mesh.points[1] - centre) @ ey) - 0.15 * mesh.eye_distance
+    ys, xs = np.nonzero(still)
+    t = (np.stack([xs + 0.5, ys + 0.5], axis=1) - centre) @ ey
+    across = np.abs((xs + 0.5) - mesh.points[1][0]) < mesh.mouth_width()  # from cheek to cheek
+    assert t[across].max() < line + 1.0
+    assert t[across].max() > line - 2.0  # and down to it

@@ -116,8 +116,8 @@ def ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def still_mask(mesh: fm.FaceMesh, shape: tuple[int, int]) -> np.ndarray:
     """(H, W) bool: the head and its surroundings without the mouth and jaw and without the eyes, which move.
 
-    The mouth and jaw region is the face below the nose tip (the oval's lower part), grown by a quarter; each
-    eye is its lid contours' box, grown to include the brow's travel."""
+    The mouth and jaw region is the face below a line 0.15 eye distances above the nose tip (the oval's lower
+    part), grown by a quarter; each eye is its lid contours' box, grown to include the brow's travel."""
     h, w = shape
     keep = np.zeros((h, w), np.uint8)
     oval = mesh.at(fm.FACE_OVAL)
@@ -127,8 +127,14 @@ def still_mask(mesh: fm.FaceMesh, shape: tuple[int, int]) -> np.ndarray:
     _, ey = mesh.axes()
     # The lips carry the skin up to the nose with them: the mouth region starts a little above its tip.
     nose = float((mesh.points[1] - centre) @ ey) - 0.15 * mesh.eye_distance
-    # (grown by a quarter: the chin's travel when the jaw drops)
-    lower = [p for p in centre + (oval - centre) * 1.25 if (p - centre) @ ey > nose]
+    # The oval grown by a quarter (the chin's travel when the jaw drops), cut at that line where its edges cross
+    # it: its own points are too far apart on the sides to stand for the line (they put it below the nose tip).
+    grown = centre + (oval - centre) * 1.25
+    depth = (grown - centre) @ ey - nose
+    lower = [q for q, t in zip(grown, depth) if t > 0]
+    for a, b, ta, tb in zip(grown, np.roll(grown, -1, axis=0), depth, np.roll(depth, -1)):
+        if (ta > 0) != (tb > 0):
+            lower.append(a + (b - a) * (ta / (ta - tb)))
     if lower:
         d = mesh.eye_distance
         pts = np.array(
