@@ -28,9 +28,10 @@ Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all pr
 * silence: frames 30 dB below the loud passages for 0.12 s either side (as ``inspect``).
 * blinks: the eye opening falling under 85 % of its median (the landmark model reads a fully closed eye
   of the example at 73 % of an open one).
-* still: SSIM to the reference after undoing the head's motion (bicubic) (an affine map fitted to rigid landmarks,
-  refined by aligning the frame's pixels to the reference's there), over
-  the head and its surroundings without the mouth/jaw and eye regions; background: SSIM outside the head.
+* still: SSIM to the reference after undoing the head's motion (bicubic) (a similarity fitted to rigid landmarks,
+  refined by following textured points of the still region from the reference into the frame and fitting a
+  similarity to them), over the head and its surroundings without the mouth/jaw region (below a line 0.15 eye
+  distances above the nose tip) and the eye regions; background: SSIM outside the head.
 * teeth: where the reference shows teeth, the best normalised correlation of that patch with the
   frame (head undone, searched over small vertical shifts) on every frame whose lips are apart (aperture
   over half the reference's); present: 0.7 or more.

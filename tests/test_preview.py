@@ -270,3 +270,63 @@ def test_a_short_first_chunk_publishes_the_first_frames_early(tmp_path):
         assert pubs[-1].end == 150 and all(p.frames.shape[1:] == (128, 128, 3) for p in pubs)
     assert starts[8][0] == (0, 8 - cfg.chunk.transition_frames // 2)
     assert starts[0][0][1] > 8
+
+
+@pytest.mark.skipif(find_model() is None, reason="face landmark model not installed (scripts/fetch_face_model.py)")
+def test_the_measures_head_undo_finds_the_rendered_head_motion(example):
+    """The identity measure undoes the head's motion read from the frame: on renders whose head motion is
+    known (turned, nodded, zoomed, with the mouth rounded or open and a blink), it finds it within a
+    fifth of a pixel over the still region, where the landmarks' pose alone is off by one to three."""
+    from avatar_render.face.landmarks import LandmarkModel
+    from avatar_render.metrics.face_track import FaceTracker, still_mask
+    from avatar_render.preview.render import head_inverse
+
+    rig = example.rig
+    model = LandmarkModel(find_model())
+    still = still_mask(rig.mesh, rig.image.shape[:2])
+    tracker = FaceTracker(model, rig.mesh, image=rig.image, still=still)
+    ys, xs = np.nonzero(still)
+    pts = np.stack([xs, ys, np.ones_like(xs)], axis=1).astype(np.float64)
+    errors = []
+    for p in (
+        row(open_=0.3, width=-0.9, dy=0.012, roll=-0.8),
+        row(open_=0.6, width=0.9, dx=0.01, roll=1.2, zoom=0.005),
+        row(open_=0.4, blink=1.0, dx=-0.006, dy=0.008, roll=0.6, zoom=-0.004),
+    ):
+        read = tracker.read(render_frame(rig, p))
+        true = cv2.invertAffineTransform(head_inverse(rig, p))
+        errors.append(np.abs(pts @ (read.head - true).T).max())
+    assert max(errors) < 0.2, errors
+
+
+@pytest.mark.parametrize("size", [512, 1024])
+def test_the_still_region_ends_where_its_mouth_region_begins(size):
+    """The identity measure's still region stops at its mouth region's line, 0.15 eye distances above the nose
+    tip, all across the face (the grown oval's own points lie too far apart on the sides to draw that line)."""
+    from avatar_render.face import mesh as fm
+    from avatar_render.metrics.face_track import still_mask
+
+    mesh = rig_for(size, size).rig.mesh
+    still = still_mask(mesh, (size, size))
+    _, ey = mesh.axes()
+    centre = mesh.at(fm.FACE_OVAL).mean(axis=0)
+    line = float((mesh.points[1] - centre) @ ey) - 0.15 * mesh.eye_distance
+    ys, xs = np.nonzero(still)
+    t = (np.stack([xs + 0.5, ys + 0.5], axis=1) - centre) @ ey
+    across = np.abs((xs + 0.5) - mesh.points[1][0]) < mesh.mouth_width()  # from cheek to cheek
+    assert t[across].max() < line + 1.0
+    assert t[across].max() > line - 2.0  # and down to it
+
+
+def test_rounded_lips_leave_the_nose_as_it_is(example):
+    """Rounding the lips draws the mouth in and the skin around it, not the nose: its lower part (wing to
+    wing, from above its tip down to the skin under it) stays the reference's (it narrowed: 4 levels off on
+    average at 512 px)."""
+    rig = example.rig
+    p = rig.mesh.points
+    rounded = render_frame(rig, row(width=-1.0)).astype(np.int16)
+    diff = np.abs(rounded - rig.image.astype(np.int16))
+    x0, x1 = int(p[98][0]) - 1, int(p[327][0]) + 2
+    y0, y1 = int(p[1][1]) - round(0.15 * rig.mesh.eye_distance), int(p[2][1])
+    assert diff[y0:y1, x0:x1].mean() < 1.5
+    assert float(np.hypot(*rig.mouth.displacement(0.0, -1.0)[61])) > 0.12 * rig.mouth.width_px  # the mouth narrows

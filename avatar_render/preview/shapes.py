@@ -24,6 +24,9 @@ LID_SKIN = 0.9  # how far the skin just above the lashes comes down with them, a
 LID_FOLD = (0.12, 0.6)  # over this band above the lid (in eye widths) that travel fades to nothing
 LID_TRAVEL = 0.97  # fraction of the eye opening the upper lid covers at a full blink (the lower lid rises to meet it)
 LOWER_LID_TRAVEL = 0.05
+NOSE_FADE = 0.06  # the lips' width changes carry the skin fully from this far (in mouth widths) beside the nose
+_SUBNASALE = 2  # landmark: the skin just under the nose
+_NOSE_WINGS = (98, 327)  # landmarks: the outer edges of the nostrils
 
 
 # (inner upper, inner lower, outer upper, outer lower) landmarks across the lips, corners left out
@@ -80,6 +83,12 @@ class MouthShape:
         # Lip width changes carry the skin around the lips along, fading over LIP_SKIN mouth widths.
         dist = np.min(np.linalg.norm(p[:, None] - p[lips][None], axis=2), axis=1) / width
         lip_w = 0.7 * np.exp(-((dist / LIP_SKIN) ** 2))
+        # ... but not onto the nose, which is not skin over muscle: rounded lips narrowed it (its wings drawn
+        # in by a pixel each at 512 px). Its lower part: between its wings, above the skin under it.
+        sub = p[_SUBNASALE]
+        wings = 0.5 * abs(float((p[_NOSE_WINGS[1]] - p[_NOSE_WINGS[0]]) @ ex))
+        beyond = np.maximum(np.abs((p - sub) @ ex) - wings, (p - sub) @ ey) / (NOSE_FADE * width)
+        lip_w *= _smoothstep(beyond, 0.0, 1.0)
         lip_w[lips] = 1.0
 
         def full(a: np.ndarray) -> np.ndarray:
