@@ -32,7 +32,7 @@ SILENCE_DB = -50.0  # below this (dBFS) the mouth rests
 RANGE_DB = 30.0  # dynamic range below the running peak mapped onto the opening
 PEAK_FALL_DB_S = 4.0  # how fast the running peak forgets a loud passage
 QUIET_GAIN, LOUD_GAIN = 0.1, 1.0  # opening at the bottom and at the top of that range
-LEVEL_POWER = 1.3  # how much faster than the level in dB the opening grows
+LEVEL_POWER = 1.7  # how much faster than the level in dB the opening grows
 OPEN_FLOOR = 0.3  # opening of the narrowest open sound (as a fraction of the widest's)
 BLINK_S = (0.07, 0.08, 0.12)  # closing, closed, opening
 EMPHASIS_DB = 6.0  # a rise this far above the slow level is an emphasis
@@ -40,7 +40,7 @@ SLOW_LEVEL_S = 0.4  # time constant of the slow level
 NOD_S = 0.5  # length of a nod
 NOD_GAP_S = 0.3  # shortest time between two nods
 PAUSE_CLOSE = 1.0  # how far the lips close in a pause (1: they meet)
-CLOSURE_SATURATE = 1.25  # a lip closure that co-articulation leaves 1 / this done is made complete
+CLOSURE_SATURATE = 1.5  # a lip closure that co-articulation leaves 1 / this done is made complete
 PAUSE_HOLD_S = 2.0  # they stay so for this long after speech stops
 PAUSE_FADE_S = 1.5  # then go back to the reference's mouth over this long
 
