@@ -6,7 +6,9 @@ and the ``espeak-ng`` program (Debian/Ubuntu: ``apt-get install espeak-ng``).
 
 The extra recordings (espeak-ng too, each with its text in NAME.txt): ``voice2.wav`` another voice
 (British English, female variant, faster), ``spanish.wav`` another language, ``mbp.wav`` English rich
-in m/b/p, ``eeoo.wav`` "see" and "sue" five times each, alternating. scripts/measure_preview.py uses them.
+in m/b/p, ``eeoo.wav`` "see" and "sue" five times each, alternating, and two held-out m/b/p checks:
+``mbp_f3.wav`` (the same text, another voice) and ``mbp_text2.wav`` (another text and voice).
+scripts/measure_preview.py uses them.
 
     python scripts/make_examples.py [--out examples]
     python scripts/make_examples.py --extra DIR
@@ -60,6 +62,11 @@ EXTRA = {
     "mbp": ("en-us", 140, "Bob bought a big map. Pam made my mom a pumpkin pie. "
             "Maybe the boy put the blue cup by the pool. Mike and Bob passed the ball to Paul."),
     "eeoo": ("en-us", 120, "see. sue. see. sue. see. sue. see. sue. see. sue."),
+    # m/b/p closures on voices and a text the preview was not tuned on
+    "mbp_f3": ("en-gb+f3", 170, "Bob bought a big map. Pam made my mom a pumpkin pie. "
+               "Maybe the boy put the blue cup by the pool. Mike and Bob passed the ball to Paul."),
+    "mbp_text2": ("en+f4", 160, "My mother baked a plum pie for the big picnic. Please bring the map and a warm "
+                  "blanket. Bill bumped the lamp by the bed."),
 }
 
 

@@ -25,8 +25,8 @@ from measure_preview import measure  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 FACE = ROOT / "examples" / "face.png"
 TALK = ROOT / "examples" / "talk.wav"
-EXTRA = ("voice2", "spanish", "mbp", "eeoo")
-ENGLISH = ("voice2", "mbp", "eeoo")  # aligned with their text (closures, ee/oo); Spanish is not
+EXTRA = ("voice2", "spanish", "mbp", "eeoo", "mbp_f3", "mbp_text2")
+ENGLISH = ("voice2", "mbp", "eeoo", "mbp_f3", "mbp_text2")  # aligned with their text (closures, ee/oo); Spanish is not
 SIZES = ((1280, 720), (1920, 1080))
 
 
