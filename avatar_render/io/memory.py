@@ -1,11 +1,12 @@
 """Freed frame buffers handed back to the operating system at once.
 
-A chunk's frames (tens of MB) are freed once encoded. glibc keeps a freed block below its mmap
-threshold (which rises to the size of the largest block freed, up to 32 MiB) in the heap, resident
-and only partly reusable by the next chunk's differently sized segments, so the process's resident
-size (and its peak) ended up depending on which sizes happened to be freed in which order rather
-than on what was alive. ``release_freed`` gives those pages back (``malloc_trim``); elsewhere (no
-glibc) it does nothing.
+A chunk's frames (tens of MB) are freed once encoded. glibc serves a block below its mmap threshold
+from its heap (the threshold rises to the size of the largest mmapped block freed, up to 32 MiB) and
+keeps it there, resident, once freed, where the next chunk's differently sized segments only partly
+reuse it: the process's resident size, and its peak, then depended on which segment sizes were
+freed in which order (the final drain's 45-frame segment came on top of a freed 40-frame one)
+rather than on the frames alive. ``release_freed`` gives those pages back (``malloc_trim``); without
+glibc it does nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +32,6 @@ _TRIM = _malloc_trim()
 
 
 def release_freed() -> None:
-    """Give the heap's free pages back to the operating system (a few ms at most)."""
+    """Give the free pages of every malloc arena back to the operating system."""
     if _TRIM is not None:
         _TRIM(0)

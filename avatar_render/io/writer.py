@@ -115,8 +115,8 @@ class Mp4Writer:
     """Encodes chunks of frames + audio on a background thread into ``spec.path`` (no file when it is
     None) and ``sinks``.
 
-    ``put`` keeps the frames it is given until they are encoded (it copies the audio only), so the
-    caller must leave them unchanged. Usable as a context manager:
+    ``put`` keeps the frames it is given until they are encoded and no longer (it copies the audio
+    only), so the caller must leave them unchanged. Usable as a context manager:
     the file is closed on normal exit and aborted on an exception. With ``resume``, the existing file
     is cut back to ``resume.position`` and continued; the sinks are opened where it stands.
     """
