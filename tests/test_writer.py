@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import weakref
 from fractions import Fraction
 from pathlib import Path
 
@@ -378,3 +380,17 @@ def test_a_mark_off_a_gop_start_is_refused(tmp_path: Path) -> None:
         assert not writer.boundary()
         with pytest.raises(AssertionError):
             writer.mark(lambda position: None)
+
+
+def test_a_chunk_is_let_go_once_encoded_before_the_next_one_is_let_in(tmp_path: Path) -> None:
+    """With a queue of one chunk the writer holds at most one chunk's frames: when ``put`` of the next one
+    returns, the one before is no longer alive (counted with weak references, not timed)."""
+    alive: dict[int, weakref.ref] = {}
+    with Mp4Writer(_spec(tmp_path / "out.mp4", queue_chunks=1)) as writer:
+        for i, (frames, audio) in enumerate(_chunks([5, 3, 6, 4, 5], Fraction(25), 16000, 1)):
+            alive[i] = weakref.ref(frames)
+            writer.put(frames, audio)
+            del frames, audio  # (numpy arrays are freed by reference counting: no gc.collect() needed)
+            assert [k for k, ref in alive.items() if ref() is not None and k < i] == [], f"after put {i}"
+    gc.collect()
+    assert all(ref() is None for ref in alive.values())

@@ -48,6 +48,7 @@ from avatar_render.io.codecs import remux_faststart, write_error
 from avatar_render.io.encoder import Aborted, ChunkEncoder, Fragment, replay_from
 from avatar_render.io.filesink import FileSink
 from avatar_render.io.fmp4 import MuxerState
+from avatar_render.io.memory import release_freed
 from avatar_render.io.sink import Sink
 from avatar_render.io.spec import WriterSpec
 
@@ -114,8 +115,8 @@ class Mp4Writer:
     """Encodes chunks of frames + audio on a background thread into ``spec.path`` (no file when it is
     None) and ``sinks``.
 
-    ``put`` keeps the frames it is given until they are encoded (it copies the audio only), so the
-    caller must leave them unchanged. Usable as a context manager:
+    ``put`` keeps the frames it is given until they are encoded and no longer (it copies the audio
+    only), so the caller must leave them unchanged. Usable as a context manager:
     the file is closed on normal exit and aborted on an exception. With ``resume``, the existing file
     is cut back to ``resume.position`` and continued; the sinks are opened where it stands.
     """
@@ -293,6 +294,8 @@ class Mp4Writer:
                         start = time.perf_counter()
                         self._send(self._encoder.encode(item.frames, item.audio, opens_gop=item.opens_gop,
                                                         abort=self._abort))
+                        item = None  # the chunk's frames freed (unless the caller still holds them) ...
+                        release_freed()  # ... and their pages returned, before the next chunk is let in
                         self._room.release()
                         self._encode_seconds += time.perf_counter() - start
             finally:

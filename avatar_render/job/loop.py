@@ -62,6 +62,12 @@ class _Tally:
         return _Tally(frames=prior.frames, samples=prior.audio_samples, chunks=prior.chunks, resumed=prior.frames)
 
 
+def _record(box: list[Published]) -> ChunkRecord:
+    """The record of the chunk in ``box``, taken out of it: the hashing lets go of the frames before its
+    future is done (the pool's work item would hold its arguments a moment longer)."""
+    return ChunkRecord.of(box.pop())
+
+
 class ChunkLoop:
     """Without an output (``request.output`` None: live only) there is no file and no journal: no
     resume points are marked, and nothing is left behind."""
@@ -78,6 +84,7 @@ class ChunkLoop:
         assert (journal is None) == (self.output is None), "a journal exactly when there is an output"
         self.t_ready = 0.0
         self.t_ready_monotonic = 0.0
+        self._hashing: Optional[Future[ChunkRecord]] = None  # the last chunk handed to the hashing
 
     def run(self, point: Optional[Point], prior: Optional[Commit]) -> RenderReport:
         self.t_ready = self.telemetry.elapsed()
@@ -139,6 +146,7 @@ class ChunkLoop:
         for item in stream:
             if isinstance(item, Published):
                 hashed.append(self._publish(writer, item, tally))
+                del item  # (not kept alive while the next chunk is made: the writer and the hashing hold it)
                 continue
             if not writer.boundary(last=item.last_plan.last):
                 continue
@@ -157,7 +165,9 @@ class ChunkLoop:
         with telemetry.stage("write"):
             writer.put(item.frames, item.audio)
         with telemetry.stage("journal"):
-            record = _HASHING.submit(ChunkRecord.of, item)  # beside the chunk loop and the writer
+            if self._hashing is not None:  # one chunk at a time: the hashing never holds a second chunk's frames
+                self._hashing.exception()
+            record = self._hashing = _HASHING.submit(_record, [item])  # beside the chunk loop and the writer
         if tally.first_frame_s is None:
             tally.first_frame_s = telemetry.elapsed() - self.t_ready
         tally.frames, tally.samples, tally.chunks = item.end, tally.samples + item.audio.shape[1], tally.chunks + 1

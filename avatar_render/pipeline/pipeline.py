@@ -265,10 +265,11 @@ class Pipeline:
                                                   plan=job.plan,
                                                   clock=clock)
             else:
-                frames = decoded[i]
+                frames, decoded[i] = decoded[i], None
             with clock("audio"):
                 out_audio = audio.output_audio(segment.start, segment.end)
             yield Published(plan=job.plan, start=frames.start, frames=frames.frames, audio=out_audio)
+            del frames, out_audio  # (the consumer holds them now: not kept alive while the next segment is decoded)
             # I chunks reach back before what was published last: keep their audio.
             audio.release(max(0, segment.start - T - 1 - math.ceil(self.audio_pad_s * self.fps)))
         done = replace(job.state, decode_carry=decode_carry)
