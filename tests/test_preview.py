@@ -102,6 +102,18 @@ def test_speech_after_a_pause_with_a_low_onset_starts_from_closed_lips():
     )
 
 
+def test_lips_stay_shut_through_the_quiet_after_a_closure():
+    # "pumpkin": the m's murmur, then the p's silent closure, which the recogniser put into the k after it.
+    audio = np.concatenate([_tone(0.2, 700, 1200), _tone(0.1, 200, level=0.1), np.zeros(int(0.15 * RATE), np.float32),
+                            _tone(0.2, 700, 3500)])
+    phones = (Phone("AA", 0.0, 0.22), Phone("M", 0.22, 0.3), Phone("K", 0.3, 0.47), Phone("IH", 0.47, 0.65))
+    out = stop_closures(phones, audio)
+    assert [p.label for p in out] == ["AA", "M", "P", "K", "IH"]
+    assert out[2].start == 0.3 and out[2].end == pytest.approx(0.45, abs=0.011) and out[3].end == 0.47
+    # After a vowel the same quiet is a stop's own closure: left to it.
+    assert [p.label for p in stop_closures((phones[0], Phone("K", 0.2, 0.47), phones[3]), audio)] == ["AA", "K", "IH"]
+
+
 def test_a_long_lip_closure_is_shut_over_its_quietest_part():
     # The recogniser's B took in the vowel before it: only its quiet end is the closure.
     audio = np.concatenate([_tone(0.3, 700, 1200), np.full(int(0.1 * RATE), 1e-4, np.float32), _tone(0.2, 700)])

@@ -147,22 +147,22 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
 
 def _held_shut(phones: list[Phone], level: np.ndarray) -> list[Phone]:
     """Lips closed for an m, b or p stay closed through the quiet that follows it before the next sound (the
-    p of "pumpkin", "cup by"): at least HELD_S of it becomes a P, cut from the phone after."""
-    out = list(phones)
+    p of "pumpkin"): quiet of at least HELD_S at the start of the phone after becomes a P."""
     quiet = float(level.max()) - HELD_QUIET_DB if len(level) else 0.0
-    for i in range(len(out) - 1):
-        p, q = out[i], out[i + 1]
-        if p.label not in LIPS or q.label in LIPS:
-            continue
-        a, b = round(p.end / FRAME_S), min(round(q.end / FRAME_S), len(level))
-        j = a
-        while j < b and level[j] < quiet:
-            j += 1
-        if (j - a) * FRAME_S >= HELD_S:
-            end = q.end if j == b else j * FRAME_S
-            out[i + 1] = Phone("P", p.end, end)
-            if end < q.end:
-                out.insert(i + 2, Phone(q.label, end, q.end))
+    out: list[Phone] = []
+    for q in phones:
+        if out and out[-1].label in LIPS and q.label not in LIPS:
+            a, b = round(q.start / FRAME_S), min(round(q.end / FRAME_S), len(level))
+            j = a
+            while j < b and level[j] < quiet:
+                j += 1
+            if (j - a) * FRAME_S >= HELD_S:
+                end = q.end if j == b else j * FRAME_S
+                out.append(Phone("P", q.start, end))
+                if end < q.end:
+                    out.append(Phone(q.label, end, q.end))
+                continue
+        out.append(q)
     return out
 
 
