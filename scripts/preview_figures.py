@@ -19,9 +19,6 @@ import sys
 import wave
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_preview import measure  # noqa: E402
-
 ROOT = Path(__file__).resolve().parents[1]
 FACE = ROOT / "examples" / "face.png"
 TALK = ROOT / "examples" / "talk.wav"
@@ -42,13 +39,16 @@ def render(out: Path, audio: Path, *overrides: str) -> dict:
 
 
 def repeat_wav(src: Path, dst: Path, seconds: float) -> None:
-    """``src`` played again and again to ``seconds`` (or cut to them)."""
+    """``src`` played again and again to ``seconds`` (or cut to them), written a copy at a time (an hour of it
+    held at once would make this process, and so the peak its renders report, hundreds of MB larger)."""
     with wave.open(str(src)) as w:
         params, data = w.getparams(), w.readframes(w.getnframes())
-    want = round(seconds * params.framerate) * params.sampwidth * params.nchannels
+    left = round(seconds * params.framerate) * params.sampwidth * params.nchannels
     with wave.open(str(dst), "wb") as w:
         w.setparams(params)
-        w.writeframes((data * (want // len(data) + 1))[:want])
+        while left > 0:
+            w.writeframes(data[:left])
+            left -= len(data[:left])
 
 
 def main() -> None:
@@ -67,8 +67,7 @@ def main() -> None:
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_examples.py"), "--extra", str(rec)], check=True)
     names = args.only if args.only is not None else ["talk", *EXTRA]
     figures: dict = {"recordings": {}}
-    # The long and the short render first: a child process's peak memory counts its parent's at the time it
-    # was started, and the measuring below makes this process large.
+    # The long and the short render first, while this process is small (see the import of measure below).
     if not args.skip_seams:
         long, short = out / "long.wav", out / "short.wav"
         repeat_wav(TALK, long, args.seam_s)
@@ -91,6 +90,11 @@ def main() -> None:
             "peak_memory_ratio": round(r_long["peak_rss_mb"] / r_short["peak_rss_mb"], 3),
         }
         print(f"== seams ({args.seam_s:.0f} s): {figures['seams']}")
+    # (imported only now: a child's peak resident size starts at its parent's size when it was started, and the
+    # measuring's libraries make this process large)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from measure_preview import measure
+
     for name in names:
         audio = TALK if name == "talk" else rec / f"{name}.wav"
         report = render(out / f"{name}.mp4", audio, *args.overrides)
