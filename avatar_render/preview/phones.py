@@ -106,7 +106,7 @@ class PhoneRecognizer(Module):
 
 
 def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, ...]:
-    """Name the silences the recogniser leaves inside speech.
+    """Name the silences the recogniser leaves inside speech, and place its lip closures.
 
     Loud stretches of a long one are sound it could not place (noise, an unknown voice, a word it took for
     a filler): a neutral open vowel, but an M where the sound is a murmur (nearly all of it low-pitched, as
@@ -116,7 +116,8 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     pause with such a low-pitched onset (a b or p, and also a voiced sound such as an r or a w, which lips
     closed in the pause open into) starts from closed lips: the pause's last ONSET_S is a B.
     An m, b or p the recogniser heard longer than a closure is shut only over its quietest CLOSURE_S (its
-    segment often takes in part of the sound before it); the rest is an HH, shaped by its neighbours.
+    segment often takes in part of the sound before it); the rest is an HH, shaped by its neighbours. And
+    the lips stay shut through the quiet right after a closure (``_held_shut``).
     """
     frame = round(FRAME_S * RATE)
     level = 10 * np.log10(np.mean(audio[: len(audio) // frame * frame].reshape(-1, frame) ** 2, axis=1) + 1e-12)
