@@ -156,8 +156,11 @@ def test_long_sr_render_runs_in_constant_memory(tmp_path, face_png):
     render(RenderRequest(reference=face_png, audio=tmp_path / "a.wav", output=tmp_path / "o.mp4", config=cfg,
                          report=rep))
     rss = [c["rss_mb"] for c in json.loads(rep.read_text())["chunks"]]
-    # 250 frames at 128x128 held as float32 would be 49 MB; the SR state is a few hundred kB.
-    assert max(rss[4:]) - rss[4] < 25, rss
+    # 250 frames at 128x128 held as float32 would be 49 MB; the SR state is a few hundred kB. The last chunks
+    # (where frames kept would weigh most) against the lowest of the early ones: the resident size jumps by
+    # tens of MB from one chunk to the next in between, as the allocator takes pages and gives them back.
+    assert len(rss) >= 16
+    assert max(rss[-4:]) - min(rss[4:10]) < 35, rss
 
 
 # -- the face guard ---------------------------------------------------------------------------------
