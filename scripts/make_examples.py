@@ -7,8 +7,11 @@ and the ``espeak-ng`` program (Debian/Ubuntu: ``apt-get install espeak-ng``).
 The extra recordings (espeak-ng too, each with its text in NAME.txt): ``voice2.wav`` another voice
 (British English, female variant, faster), ``spanish.wav`` another language, ``mbp.wav`` English rich
 in m/b/p, ``eeoo.wav`` "see" and "sue" five times each, alternating, and two held-out m/b/p checks:
-``mbp_f3.wav`` (the same text, another voice) and ``mbp_text2.wav`` (another text and voice).
-scripts/measure_preview.py uses them.
+``mbp_f3.wav`` (the same text, another voice) and ``mbp_text2.wav`` (another text and voice). And one
+human voice: ``librivox.wav``, five sentences of a LibriVox reading (public domain) that PocketSphinx's
+source distribution carries as test data, with their transcripts, joined with half-second pauses (taken
+from the ``pocketsphinx`` sdist on PyPI by ``pip download``; skipped, with a message, where pip cannot
+get it). scripts/measure_preview.py uses them.
 
     python scripts/make_examples.py [--out examples]
     python scripts/make_examples.py --extra DIR
@@ -17,9 +20,12 @@ scripts/measure_preview.py uses them.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import io
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import wave
 from pathlib import Path
@@ -98,6 +104,42 @@ def make_extra(folder: Path) -> None:
         seconds = speak(folder / f"{name}.wav", text, voice=voice, wpm=wpm)
         (folder / f"{name}.txt").write_text(text + "\n")
         print(f"{folder / name}.wav: {seconds:.1f} s, voice {voice}, {wpm} words per minute")
+    make_librivox(folder / "librivox.wav")
+
+
+def make_librivox(out: Path) -> None:
+    """The LibriVox sentences of PocketSphinx's test data (16 kHz mono), one after the other, and their text."""
+    try:
+        version = importlib.metadata.version("pocketsphinx")
+    except importlib.metadata.PackageNotFoundError:
+        print(f"{out.name} skipped: pocketsphinx is not installed (its version names the sdist)")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                              "-d", tmp, f"pocketsphinx=={version}"], capture_output=True, text=True)
+        sdists = list(Path(tmp).glob("pocketsphinx-*.tar.gz"))
+        if got.returncode != 0 or not sdists:
+            print(f"{out.name} skipped: pip could not download the pocketsphinx {version} sdist")
+            return
+        pcm, texts = [], []
+        with tarfile.open(sdists[0]) as tar:
+            wavs = sorted(m for m in tar.getnames() if "/test/data/librivox/" in m and m.endswith(".wav"))
+            for name in wavs:
+                with wave.open(io.BytesIO(tar.extractfile(name).read())) as w:
+                    assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (16000, 1, 2), name
+                    pcm += [w.readframes(w.getnframes()), bytes(2 * 8000)]  # and half a second of silence
+                texts.append(tar.extractfile(name[:-4] + ".txt").read().decode().strip())
+    if not wavs:
+        print(f"{out.name} skipped: the pocketsphinx {version} sdist has no LibriVox test data")
+        return
+    with wave.open(str(out), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"".join(pcm))
+    out.with_suffix(".txt").write_text(". ".join(texts) + ".\n")
+    seconds = sum(len(b) for b in pcm) / 32000
+    print(f"{out}: {seconds:.1f} s, {len(wavs)} sentences of a LibriVox reading (human voice)")
 
 
 def main() -> None:

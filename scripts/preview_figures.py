@@ -6,7 +6,8 @@ example for the seam ratio (``avatar-render inspect``) and its peak memory again
     python scripts/preview_figures.py [--out bench-out/preview] [--seam-s 198] [--skip-speed] [--skip-seams]
         [--only talk mbp ...] [--json figures.json] [overrides ...]
 
-The extra recordings are made by ``scripts/make_examples.py --extra OUT/rec`` (espeak-ng) when missing.
+The extra recordings are made by ``scripts/make_examples.py --extra OUT/rec`` (espeak-ng, and pip for the
+human voice) when missing; one that could not be made is left out, with a message.
 Needs the face landmark model (scripts/fetch_face_model.py). Overrides (key=value) go to every render.
 """
 
@@ -22,8 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FACE = ROOT / "examples" / "face.png"
 TALK = ROOT / "examples" / "talk.wav"
-EXTRA = ("voice2", "spanish", "mbp", "eeoo", "mbp_f3", "mbp_text2")
-ENGLISH = ("voice2", "mbp", "eeoo", "mbp_f3", "mbp_text2")  # aligned with their text (closures, ee/oo); Spanish is not
+EXTRA = ("voice2", "spanish", "mbp", "eeoo", "mbp_f3", "mbp_text2", "librivox")
+# aligned with their text (closures, ee/oo); Spanish is not
+ENGLISH = ("voice2", "mbp", "eeoo", "mbp_f3", "mbp_text2", "librivox")
 SIZES = ((1280, 720), (1920, 1080))
 
 
@@ -66,6 +68,9 @@ def main() -> None:
     if not all((rec / f"{n}.wav").is_file() for n in EXTRA):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_examples.py"), "--extra", str(rec)], check=True)
     names = args.only if args.only is not None else ["talk", *EXTRA]
+    for name in [n for n in names if n != "talk" and not (rec / f"{n}.wav").is_file()]:
+        print(f"== {name}: left out ({rec / name}.wav could not be made)")
+        names.remove(name)
     figures: dict = {"recordings": {}}
     # The long and the short render first, while this process is small (see the import of measure below).
     if not args.skip_seams:
