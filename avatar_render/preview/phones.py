@@ -115,8 +115,9 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     its energy under 1.5 kHz, little above 3 kHz), a B; otherwise a T. Speech that starts after a longer
     pause with such a low-pitched onset (a b or p, and also a voiced sound such as an r or a w, which lips
     closed in the pause open into) starts from closed lips: the pause's last ONSET_S is a B.
-    An m, b or p the recogniser heard longer than a closure is shut only over its quietest CLOSURE_S (its
-    segment often takes in part of the sound before it); the rest is an HH, shaped by its neighbours. And
+    An m, b or p the recogniser heard longer than a closure is shut only over its last CLOSURE_S, up to the
+    release that ends it (its segment often takes in part of the sound before it: a vowel, or the n or ng of
+    "young man", quieter than the m itself); the rest is an HH, shaped by its neighbours. And
     the lips stay shut through the quiet right after a closure (``_held_shut``).
     """
     frame = round(FRAME_S * RATE)
@@ -126,7 +127,7 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
         if p.label == "SIL":
             out += _loud_stretches(p, audio, level)
         elif p.label in LIPS:
-            out += _quietest(p, level)
+            out += _at_release(p)
         else:
             out.append(p)
     named: list[Phone] = []
@@ -167,17 +168,12 @@ def _held_shut(phones: list[Phone], level: np.ndarray) -> list[Phone]:
     return out
 
 
-def _quietest(closure: Phone, level: np.ndarray) -> list[Phone]:
-    """An m, b or p cut to its quietest CLOSURE_S (level: (n,) dB of the window's 10-ms frames), HH either side."""
-    a, b = round(closure.start / FRAME_S), min(round(closure.end / FRAME_S), len(level))
-    k = round(CLOSURE_S / FRAME_S)
-    if b - a <= k:
+def _at_release(closure: Phone) -> list[Phone]:
+    """An m, b or p cut to the last CLOSURE_S before its release (the end of its segment), an HH before it."""
+    if closure.end - closure.start <= CLOSURE_S:
         return [closure]
-    i = a + int(np.argmin(np.convolve(level[a:b], np.ones(k), mode="valid")))
-    start, end = max(i * FRAME_S, closure.start), min((i + k) * FRAME_S, closure.end)
-    before = [Phone("HH", closure.start, start)] if start > closure.start else []
-    after = [Phone("HH", end, closure.end)] if closure.end > end else []
-    return before + [Phone(closure.label, start, end)] + after
+    start = closure.end - CLOSURE_S
+    return [Phone("HH", closure.start, start), Phone(closure.label, start, closure.end)]
 
 
 def _loud_stretches(pause: Phone, audio: np.ndarray, level: np.ndarray) -> list[Phone]:
