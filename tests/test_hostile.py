@@ -247,7 +247,9 @@ def test_hours_of_audio_stream_in_constant_memory(media, tmp_path):
         # four whole chunks
         api(tmp_path, media / "face.png", audio, "chunk.chunk_frames=25", "chunk.transition_frames=0",
             "video.gop_seconds=1", on_progress=seen.append, should_stop=stop)
-    assert current_rss_mb() - rss < 100  # three hours of decoded audio would be about 1 GB
+    # Three hours decoded at once would be about 1 GB (0.7 GB even as 16-kHz mono float32); the margin is for
+    # the allocator, whose resident size moves by tens of MB from chunk to chunk in a long test run.
+    assert current_rss_mb() - rss < 400
     assert seen[-1].frames_total == 3 * 3600 * 25 and stopped.value.frames == seen[-1].frames_done == 100
 
 
