@@ -4,21 +4,32 @@ own process so that peak memory is measured per render; collect the reports, wri
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import subprocess
 import sys
-import tempfile
 import wave
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.names import os_reason, shown
+from avatar_render.files.read import read_json, regular_file
+from avatar_render.files.targets import Inputs, check_folder, check_target, signature
+from avatar_render.files.write import create_new, make_folder, remove, replace_atomically, temp_folder
+from avatar_render.metrics.inspect import PLOT
+from avatar_render.telemetry import REPORT
 
 DEFAULT_DURATIONS = (10.0, 60.0, 600.0)
 DEFAULT_SIZES = ((256, 256), (512, 512))
 DEFAULT_BACKENDS = ("preview",)
+MAX_SECONDS = 24 * 3600  # the longest audio a benchmark case renders (its WAV is written first)
+MAX_SIDE = 8192
+BENCH = "bench"  # the kind of file bench.json is (files.targets.signature)
+PLOTS = ("bench_memory.png", "bench_fps.png", "bench_stages.png")
 
 
 @dataclass(frozen=True)
@@ -39,15 +50,26 @@ def bench_matrix(durations=DEFAULT_DURATIONS, sizes=DEFAULT_SIZES, backends=DEFA
             for s in sorted(durations)]
 
 
+def speech_format(source: Path) -> tuple[int, int, int]:
+    """Sample rate, channels and bytes per sample of the benchmark's speech, a non-empty 16-bit PCM WAV."""
+    source = regular_file(source, what="benchmark speech", give="a 16-bit PCM WAV")
+    try:
+        with wave.open(str(source), "rb") as src:
+            rate, channels, width, frames = src.getframerate(), src.getnchannels(), src.getsampwidth(), src.getnframes()
+    except (wave.Error, EOFError, OSError):
+        frames = width = 0
+    if width != 2 or not frames:
+        raise AvatarRenderError(f"The benchmark speech {shown(source)} must be a non-empty 16-bit PCM WAV.")
+    return rate, channels, width
+
+
 def loop_speech(source: Path, seconds: float, dest: Path) -> Path:
     """A WAV of exactly ``seconds`` made by repeating ``source`` (a 16-bit PCM WAV), written block by block."""
+    rate, channels, width = speech_format(source)
     with wave.open(str(source), "rb") as src:
-        rate, channels, width = src.getframerate(), src.getnchannels(), src.getsampwidth()
         clip = src.readframes(src.getnframes())
-    if width != 2 or not clip:
-        raise AvatarRenderError(f"Benchmark speech '{source}' must be a non-empty 16-bit PCM WAV.")
     need = int(round(seconds * rate)) * channels * width
-    with wave.open(str(dest), "wb") as out:
+    with create_new(dest) as f, wave.open(f, "wb") as out:
         out.setnchannels(channels)
         out.setsampwidth(width)
         out.setframerate(rate)
@@ -58,38 +80,76 @@ def loop_speech(source: Path, seconds: float, dest: Path) -> Path:
     return dest
 
 
-def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, overrides: tuple[str, ...] = (),
-             config: Path | None = None) -> dict:
-    audio = loop_speech(speech, case.seconds, workdir / f"speech_{case.seconds:g}s.wav")
+def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, report: Path,
+             overrides: tuple[str, ...] = (), config: Path | None = None, force: bool = False) -> dict:
+    """Render ``case`` from speech looped to its length in ``workdir`` (a temporary folder of ours:
+    the audio and the video are removed whatever happens); its report goes to ``report`` (replacing
+    one that bench did not write only with ``force``)."""
+    audio = workdir / f"speech_{case.seconds:g}s.wav"
     out = workdir / f"render_{case.name}.mp4"
-    report = out.with_suffix(".json")
-    cmd = [sys.executable, "-m", "avatar_render", "render", "--ref", str(reference), "--audio", str(audio),
-           "-o", str(out), "--force", "--quiet", "--report", str(report), *(("-c", str(config)) if config else ()),
-           f"backend={case.backend}", f"video.width={case.width}", f"video.height={case.height}", *overrides]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        loop_speech(speech, case.seconds, audio)
+        cmd = [sys.executable, "-m", "avatar_render", "render", "--ref", str(reference), "--audio", str(audio),
+               "-o", str(out), "--quiet", "--report", str(report), *(("--force",) if force else ()),
+               *(("-c", str(config)) if config else ()),
+               f"backend={case.backend}", f"video.width={case.width}", f"video.height={case.height}", *overrides]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    finally:
+        remove(audio)
+        remove(out)
     if done.returncode != 0:
         why = (done.stderr.strip() or done.stdout.strip()).removeprefix("Error: ")
         raise AvatarRenderError(
             f"The {case.seconds:g} s {case.width}x{case.height} {case.backend} benchmark render failed: {why}")
-    audio.unlink()
-    out.unlink()
-    return json.loads(report.read_text())
+    return read_json(report, what="benchmark report", give="a report of 'avatar-render render'")
 
 
-def run_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir: Path | None = None,
-              overrides: tuple[str, ...] = (), on_result: Callable[[BenchCase, dict], None] | None = None,
-              config: Path | None = None) -> list[dict]:
-    """Render every case; one row per case. With ``out_dir``, each render's report stays in ``out_dir/reports``."""
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(out_dir) / "reports" if out_dir else Path(tmp)
-        try:
-            workdir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise AvatarRenderError(f"Cannot create the benchmark folder '{workdir}': {e.strerror or e}.") from None
+def check_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir: Path,
+                json_path: Optional[Path], config: Path | None, force: bool) -> None:
+    """Everything a benchmark writes, checked before its first render: the folder, each case's report,
+    bench.json and the plots (replaced only if bench wrote them, or with ``force``), and room for the
+    longest case's audio in the temporary folder."""
+    inputs = Inputs({"reference file": reference, "speech file": speech, "config file": config})
+    check_folder(out_dir, what="benchmark folder", create=True)
+    reports = Path(out_dir) / "reports"
+    for path in [Path(json_path or Path(out_dir) / "bench.json"), *(Path(out_dir) / name for name in PLOTS)]:
+        kind = PLOT if path.suffix == ".png" and path.parent == Path(out_dir) else BENCH
+        check_target(path, what="benchmark result", force=force, kind=kind, inputs=inputs)
+    if reports.exists():
+        check_folder(reports, what="reports folder", create=False)
         for case in cases:
-            rep = run_case(case, reference=reference, speech=speech, workdir=workdir, overrides=overrides,
-                           config=config)
+            check_target(reports / report_name(case), what="benchmark report", force=force, kind=REPORT,
+                         inputs=inputs)
+    regular_file(reference, what="reference", give="an image or video file")
+    rate, channels, width = speech_format(speech)
+    longest = max(c.seconds for c in cases)
+    need = math.ceil(longest * rate) * channels * width + (64 << 20)
+    with temp_folder() as tmp:
+        free = shutil.disk_usage(tmp).free
+    if need > free:
+        raise AvatarRenderError(f"The {longest:g} s case needs {need / 1e9:.1f} GB for its audio in the temporary "
+                                f"folder, which has {free / 1e9:.1f} GB free; give shorter --durations or set TMPDIR.")
+
+
+def report_name(case: BenchCase) -> str:
+    return f"render_{case.name}.json"
+
+
+def run_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir: Path,
+              overrides: tuple[str, ...] = (), on_result: Callable[[BenchCase, dict], None] | None = None,
+              config: Path | None = None, force: bool = False) -> list[dict]:
+    """Render every case; one row per case. Each render's report stays in ``out_dir/reports``; its
+    audio and video live in a temporary folder only while it runs."""
+    results = []
+    reports = Path(out_dir) / "reports"
+    try:
+        make_folder(reports)
+    except OSError as e:
+        raise AvatarRenderError(f"Cannot create the benchmark folder {shown(reports)}: {os_reason(e)}.") from None
+    with temp_folder("avatar-render-bench-") as workdir:
+        for case in cases:
+            rep = run_case(case, reference=reference, speech=speech, workdir=workdir,
+                           report=reports / report_name(case), overrides=overrides, config=config, force=force)
             row = summarize(rep, backend=case.backend)
             results.append(row)
             if on_result:
@@ -141,15 +201,16 @@ def first_frame_figures(rep: dict) -> dict:
 
 
 def write_results(rows: list[dict], out_dir: Path, *, json_path: Path | None = None) -> list[Path]:
-    """bench.json (or ``json_path``) and the plots, in ``out_dir``; returns the paths written."""
+    """bench.json (or ``json_path``: ``{"written_by": ..., "rows": [...]}``) and the plots, in ``out_dir``;
+    returns the paths written."""
     from avatar_render.metrics.plots import plot_bench
 
-    json_path = json_path or Path(out_dir) / "bench.json"
+    json_path = Path(json_path or Path(out_dir) / "bench.json")
+    text = json.dumps({"written_by": signature(BENCH), "rows": rows}, indent=1) + "\n"
     try:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(rows, indent=1) + "\n")
+        replace_atomically(json_path, text.encode())
     except OSError as e:
-        raise AvatarRenderError(f"Cannot write the benchmark results to '{json_path}': {e.strerror or e}.") from None
+        raise AvatarRenderError(f"Cannot write the benchmark results to {shown(json_path)}: {os_reason(e)}.") from None
     return [json_path, *plot_bench(rows, out_dir)]
 
 
@@ -162,8 +223,11 @@ def parse_matrix(durations: str, sizes: str, backends: str) -> list[BenchCase]:
         raise AvatarRenderError(
             "--durations takes numbers like 10,60 and --sizes takes sizes like 512x512,256x256.") from None
     names = [b.strip() for b in backends.split(",") if b.strip()]
-    if not secs or any(s <= 0 for s in secs) or not dims or any(len(d) != 2 or min(d) <= 0 for d in dims):
-        raise AvatarRenderError("--durations takes positive numbers like 10,60 and --sizes takes sizes like 512x512.")
+    if not secs or not all(0 < s <= MAX_SECONDS for s in secs):  # (NaN fails every comparison)
+        raise AvatarRenderError(f"--durations takes positive numbers of seconds up to {MAX_SECONDS} (24 hours), "
+                                "like 10,60.")
+    if not dims or any(len(d) != 2 or not all(0 < v <= MAX_SIDE for v in d) for d in dims):
+        raise AvatarRenderError(f"--sizes takes sizes like 512x512, each side from 1 to {MAX_SIDE} pixels.")
     if not names:
         raise AvatarRenderError("--backends takes backend names like preview.")
     return bench_matrix(secs, dims, names)

@@ -297,6 +297,8 @@ def bench(
         "--out", help="Folder for bench.json, the PNG plots and each render's report.")] = Path("bench-results"),
     json_out: Annotated[Optional[Path], typer.Option(
         "--json", help="Write the results as JSON here (default: OUT/bench.json).")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace result files (JSON, plots, reports) that bench did not write.")] = False,
     overrides: OverridesArg = None,
     config: ConfigOpt = None,
     debug: DebugOpt = False,
@@ -307,13 +309,15 @@ def bench(
     out = Out()
 
     def run() -> None:
-        from avatar_render.bench import parse_matrix, run_bench, write_results
+        from avatar_render.bench import check_bench, parse_matrix, run_bench, write_results
 
         cases = parse_matrix(durations, sizes, backends)
         for path in (ref, speech):
-            if not path.is_file():
+            if not os.path.lexists(path):
                 raise AvatarRenderError(
                     f"'{path}' does not exist (run from the project folder, or pass --ref/--speech).")
+        check_bench(cases, reference=ref, speech=speech, out_dir=out_dir, json_path=json_out, config=config,
+                    force=force)
         table = Table("backend", "audio", "size", "frames", "load", "1st frame", "1st sampled", "fps", "x real",
                       "peak MB", "MB chunk 1/last", box=box.SIMPLE_HEAD,
                       caption="load: reading the weights; 1st frame: seconds after the inputs were ready "
@@ -339,7 +343,7 @@ def bench(
                           f"{row['rss_mb_first_chunk']:.0f} / {row['rss_mb_last_chunk']:.0f}")
 
         results = run_bench(cases, reference=ref, speech=speech, out_dir=out_dir, overrides=tuple(overrides or ()),
-                            on_result=show, config=config)
+                            on_result=show, config=config, force=force)
         out.table(table)
         for path in write_results(results, out_dir, json_path=json_out):
             out.info(f"Wrote {path}")
@@ -358,15 +362,19 @@ def inspect(
         "--audio", help="The speech it was rendered from (default: its own audio track).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the metrics over time as a PNG here.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the metrics as JSON here.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace a --json or --plot file that inspect did not write.")] = False,
     debug: DebugOpt = False,
 ) -> None:
     """Consistency over time: colour drift, seams, mouth against speech, blinks, head motion, identity."""
     out = Out()
 
     def run() -> None:
-        from avatar_render.metrics.inspect import inspect_video, write_json
+        from avatar_render.metrics.inspect import check_destinations, inspect_video, write_json
         from avatar_render.metrics.summary import summary_rows
 
+        check_destinations(video, json_path=json_out, plot_path=plot, force=force, report=report, reference=ref,
+                           audio=audio)
         with _count_progress(out, "inspecting") as on_progress:
             result = inspect_video(video, report=report, reference=ref, audio=audio, on_progress=on_progress)
         table = Table("metric", "value", "detail", title=f"{video.name}")

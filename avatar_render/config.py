@@ -19,7 +19,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import regular_file, shown
+from avatar_render.files.names import shown
+from avatar_render.files.read import regular_file
 
 BACKENDS = ("preview", "infinitetalk")
 MODEL_SIZES = ("tiny", "14b")

@@ -6,14 +6,15 @@ import json
 import os
 import resource
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from avatar_render.files import replace_atomically
+from avatar_render.files.targets import signature
+from avatar_render.files.write import replace_atomically, scratch_file
 
+REPORT = "report"  # the kind of file a render's --report is (files.targets.signature)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _WORK: dict[str, int] = {}  # process-wide counts of work done, e.g. "dit_tokens" (see ``count``)
 
@@ -63,7 +64,7 @@ class Telemetry:
         self.t0 = time.perf_counter()
         self.stage_seconds: dict[str, float] = {}
         self._chunk_stage: dict[str, float] = {}
-        self._spool = tempfile.TemporaryFile("w+") if keep_records else None
+        self._spool = scratch_file("w+") if keep_records else None
         self._work0 = dict(_WORK)
 
     def work(self) -> dict[str, int]:
@@ -116,9 +117,10 @@ class Telemetry:
 
 
 def write_report(path: Path, summary: dict, records: Iterator[dict]) -> None:
-    """Write the JSON report without holding every chunk record in memory at once."""
+    """Write the JSON report without holding every chunk record in memory at once. Its first key says
+    who wrote it, so that a later render replaces it without --force (and nobody else's file)."""
     def write(f) -> None:
-        body = json.dumps(summary, indent=2)
+        body = json.dumps({"written_by": signature(REPORT), **summary}, indent=2)
         f.write((body[:-2] + ',\n  "chunks": [').encode())
         for i, rec in enumerate(records):
             f.write((("," if i else "") + "\n    " + json.dumps(rec)).encode())

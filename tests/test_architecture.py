@@ -106,3 +106,125 @@ def test_the_check_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
         assert "avatar_render.io.a -> avatar_render.io.b -> avatar_render.io.a" in str(e)
     else:
         raise AssertionError("the cycle was not seen")
+
+
+# Calls that write, create, rename or remove a file system entry. Only the ``files`` room makes them
+# (docs/architecture.md): everything else writes through its functions, which know the rules.
+_WRITES_OS = {"replace", "rename", "renames", "remove", "unlink", "rmdir", "removedirs", "mkdir", "makedirs", "open",
+              "link", "symlink", "mkfifo", "mknod", "truncate", "chmod", "chown", "utime"}
+_WRITES_MODULES = {"shutil": {"rmtree", "move", "copy", "copy2", "copyfile", "copytree", "copymode", "copystat"},
+                   "tempfile": {"mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryFile", "TemporaryDirectory",
+                                "SpooledTemporaryFile"},
+                   "cv2": {"imwrite"}, "np": {"save", "savez", "savetxt"}, "numpy": {"save", "savez", "savetxt"},
+                   "torch": {"save"}, "sf": {"write"}, "soundfile": {"write"}}
+_WRITES_METHODS = {"write_text", "write_bytes", "unlink", "rmdir", "mkdir", "touch", "rename", "symlink_to",
+                   "hardlink_to", "savefig", "save", "save_file", "tofile", "chmod"}
+
+
+def _mode(call: ast.Call, position: int) -> str:
+    node = call.args[position] if len(call.args) > position else next(
+        (k.value for k in call.keywords if k.arg == "mode"), None)
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
+
+
+_FILES_OPENERS = {"create_new", "open_own", "fresh_file"}  # files.write's functions that give an open file
+# calls that write into their first argument
+_INTO_TARGET = {".save()", ".savefig()", "wave.open(..., write)", "av.open(..., write)"}
+
+
+def _memory_or_own_files(tree: ast.AST) -> set[str]:
+    """Names bound to an in-memory buffer (``io.BytesIO()``) or to a file that files.write opened
+    (``with create_new(p) as f``): writing into them is no write of the caller's own."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            f = node.value.func
+            if isinstance(f, ast.Attribute) and f.attr == "BytesIO":
+                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.withitem) and isinstance(node.context_expr, ast.Call):
+            f = node.context_expr.func
+            if isinstance(f, ast.Name) and f.id in _FILES_OPENERS and isinstance(node.optional_vars, ast.Name):
+                names.add(node.optional_vars.id)
+    return names
+
+
+def file_writes(path: Path) -> list[str]:
+    """``file:line call`` for every call in ``path`` that writes to the file system by itself."""
+    found = []
+    tree = ast.parse(path.read_text(), str(path))
+    safe = _memory_or_own_files(tree)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        what = None
+        if isinstance(f, ast.Name) and f.id == "open" and set(_mode(node, 1)) & set("wax+"):
+            what = "open(..., write)"
+        elif isinstance(f, ast.Attribute):
+            owner = f.value.id if isinstance(f.value, ast.Name) else None
+            if owner == "os" and f.attr in _WRITES_OS:
+                what = f"os.{f.attr}"
+            elif owner in _WRITES_MODULES and f.attr in _WRITES_MODULES[owner]:
+                what = f"{owner}.{f.attr}"
+            elif owner in ("av", "wave") and f.attr == "open" and set(_mode(node, 1)) & set("wax+"):
+                what = f"{owner}.open(..., write)"
+            elif owner in ("os", "shutil", "tempfile"):
+                pass
+            elif f.attr in _WRITES_METHODS:
+                what = f".{f.attr}()"
+            elif f.attr == "replace" and len(node.args) == 1 and not node.keywords:  # Path.replace(target)
+                what = ".replace(target)"
+            elif f.attr == "open" and set(_mode(node, 0)) & set("wax+"):  # Path.open("w")
+                what = ".open(write)"
+        if what in _INTO_TARGET and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in safe:
+            what = None
+        if what:
+            found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {what}")
+    return found
+
+
+# The only calls outside ``files/`` the scan finds and accepts, each for its reason.
+NOT_FILE_WRITES = {
+    ("avatar_render/io/live/wire.py", "av.open(..., write)"): "a pipe into ffmpeg (SRT)",
+    ("avatar_render/io/live/rtmp_child.py", "av.open(..., write)"): "a network stream (RTMP)",
+    ("avatar_render/io/codecs.py", "av.open(..., write)"): "FFmpeg writes the final copy under a temporary name "
+                                                           "that files.write.temp_beside made (faststart re-opens "
+                                                           "the file by its name)",
+}
+
+
+def test_only_the_files_room_writes_files():
+    """Every file the package writes goes through ``avatar_render/files/`` (create new, replace only what
+    is ours, never through a link, remove only what it made)."""
+    writes = [w for p in sorted(PACKAGE.rglob("*.py")) if "files" not in p.relative_to(PACKAGE).parts[:1]
+              for w in file_writes(p)]
+    accepted = {(w.split(":")[0], w.split(" ", 1)[1]) for w in writes} & set(NOT_FILE_WRITES)
+    writes = [w for w in writes if (w.split(":")[0], w.split(" ", 1)[1]) not in NOT_FILE_WRITES]
+    assert not writes, "writes outside avatar_render/files/: " + "; ".join(writes)
+    assert accepted == set(NOT_FILE_WRITES), f"accepted writes no longer there: {set(NOT_FILE_WRITES) - accepted}"
+
+
+def test_the_write_scan_sees_each_kind_of_write(tmp_path):
+    """The scan above can fail: a module with one write of each kind, and harmless look-alikes."""
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import os, shutil, tempfile\n"
+        "open(p, 'w'); open(p, mode='ab'); p.write_text('x'); p.write_bytes(b''); os.replace(a, b); p.replace(q)\n"
+        "p.unlink(); shutil.rmtree(d); tempfile.mkdtemp(); p.mkdir(); fig.savefig(p); image.save(p)\n"
+        "av.open(p, 'w'); wave.open(p, 'wb'); p.open('w'); os.open(p, 0)\n"
+        "open(p); open(p, 'rb'); s.replace('a', 'b'); dataclasses.replace(x, y=1); av.open(p); os.path.join(a)\n"
+        "buf = io.BytesIO(); fig.savefig(buf); image.save(buf)\n"
+        "with create_new(p) as f, wave.open(f, 'wb') as w: pass\n")
+    found = [w.split(" ", 1)[1] for w in _scan_outside(module, tmp_path)]
+    assert found == ["open(..., write)", "open(..., write)", ".write_text()", ".write_bytes()", "os.replace",
+                     ".replace(target)", ".unlink()", "shutil.rmtree", "tempfile.mkdtemp", ".mkdir()", ".savefig()",
+                     ".save()", "av.open(..., write)", "wave.open(..., write)", ".open(write)", "os.open"], found
+
+
+def _scan_outside(module: Path, root: Path) -> list[str]:
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, root
+    try:
+        return sorted(file_writes(module), key=lambda w: (int(w.split(":")[1].split(" ")[0]), 0))
+    finally:
+        PACKAGE = saved

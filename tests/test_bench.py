@@ -60,7 +60,9 @@ def test_bench_cli_writes_table_json_and_plots(tmp_path, face_png):
     assert "1 s at 96x96 (preview)" in done.stdout and "2 s at 96x96 (preview)" in done.stdout
     # the table's caption, the files
     assert "generated frames per second" in done.stdout and "bench.json" in done.stdout
-    rows = json.loads((out_dir / "bench.json").read_text())
+    record = json.loads((out_dir / "bench.json").read_text())
+    assert record["written_by"] == "avatar-render bench"
+    rows = record["rows"]
     assert [(r["duration_s"], r["frames"], r["backend"]) for r in rows] == [(1.0, 25, "preview"), (2.0, 50, "preview")]
     for r in rows:
         assert len(r["series"]["t_s"]) == len(r["series"]["rss_mb"]) == len(r["series"]["fps"]) == r["chunks"]

@@ -108,8 +108,8 @@ ERRORS = {  # case: (arguments after render --ref R --audio A -o O, with {d} the
     "config: zero chunk": (("chunk.chunk_frames=0",), "'chunk.chunk_frames' must be at least 1"),
     "config: fps 0": (("preview.fps=0",), "'preview.fps' must be between 1 and 120"),
     "config: bad no_face": (("run.no_face=maybe",), "'run.no_face' must be warn or error"),
-    "output: a directory": (("-o", "{d}"), "is a directory"),
-    "output: parent is a file": (("-o", "{d}/blocker/out.mp4"), "is a file, not a directory"),
+    "output: a directory": (("-o", "{d}"), "is a folder"),
+    "output: parent is a file": (("-o", "{d}/blocker/out.mp4"), "is not a folder"),
     "output: not .mp4": (("-o", "{d}/out.mov"), "must be a file name ending in .mp4"),
     "output: no suffix": (("-o", "{d}/out"), "must be a file name ending in .mp4"),
     "output: exists": (("-o", "{d}/taken.mp4"), "already exists; pass --force"),
@@ -143,7 +143,7 @@ def test_read_only_output_folder(media, tmp_path):
     try:
         result = run_cli("render", "--ref", media / "face.png", "--audio", media / "talk.wav", "-o", folder / "o.mp4",
                          *TINY)
-        assert result.exit_code == 1 and "Cannot write to the output directory" in one_line(result, "Error: ")
+        assert result.exit_code == 1 and "cannot take a new file" in one_line(result, "Error: ")
     finally:
         subprocess.run(["umount", str(folder)], check=True)
 

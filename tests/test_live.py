@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -22,6 +24,7 @@ from avatar_render.io.encoder import ChunkEncoder
 from avatar_render.io.fmp4 import MuxerState
 from avatar_render.io.live.push import Pacing, PushSink
 from avatar_render.io.live.targets import parse_target
+from avatar_render.io.live.wire import OPEN_TIMEOUT_S
 from avatar_render.io.spec import WriterSpec
 from tests.live_util import FFMPEG, FirstBytes, env, free_port, needs_ffmpeg, probe, render_cmd, speech, wait_listening
 
@@ -186,6 +189,27 @@ def test_a_refusing_server_is_one_sentence(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.strip() == (f"Error: Could not connect to the live target rtmp://127.0.0.1:{port}/live/…: "
                                      "connection refused.")
+
+
+@pytest.mark.slow
+def test_a_server_that_never_answers_the_handshake_is_one_sentence(tmp_path: Path) -> None:
+    """A listener that accepts the TCP connection and then says nothing (a web server on the port, say):
+    the render gives up on it after the handshake's time-out instead of waiting for ever."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.extend(server.accept() for _ in range(1)), daemon=True).start()
+    try:
+        port = server.getsockname()[1]
+        result = _render(tmp_path, 2.0, "--live", f"rtmp://127.0.0.1:{port}/live/key", "video.width=64",
+                         "video.height=64")
+    finally:
+        server.close()
+    assert result.returncode == 1 and len(accepted) == 1, result.stderr
+    assert result.stderr.strip() == (f"Error: Could not connect to the live target rtmp://127.0.0.1:{port}/live/…: "
+                                     f"the server did not take the stream within {OPEN_TIMEOUT_S:g} s (it did not "
+                                     "answer, or accepted the connection but not the RTMP handshake).")
 
 
 @pytest.mark.slow

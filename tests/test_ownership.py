@@ -93,8 +93,8 @@ CASES = {  # name: (set-up of the folder, extra CLI arguments, words of the one 
     "report is the reference": (lambda d: None, ("--report", "{d}/face.png", "--force"), "is the reference file"),
     "report is a link to the audio": (lambda d: os.symlink(d / "talk.wav", d / "r.json"),
                                       ("--report", "{d}/r.json", "--force"), "is the audio file"),
-    "report is the output": (lambda d: None, ("--report", "{d}/out.mp4"), "the same file"),
-    "report is a folder": (lambda d: None, ("--report", "{d}/theirs"), "it is a folder"),
+    "report is the output": (lambda d: None, ("--report", "{d}/out.mp4"), "is the output, which is written too"),
+    "report is a folder": (lambda d: None, ("--report", "{d}/theirs"), "is a folder"),
     "report in a missing folder": (lambda d: None, ("--report", "{d}/nowhere/r.json"), "does not exist"),
     "report is a link": (lambda d: os.symlink(d / "mine.txt", d / "r.json"), ("--report", "{d}/r.json"),
                          "is a symbolic link"),
@@ -111,7 +111,7 @@ CASES = {  # name: (set-up of the folder, extra CLI arguments, words of the one 
                              ("--audio", "{d}/out.partial.mp4", "--force"), "is the audio file"),
     "output is a dangling link": (lambda d: os.symlink(d / "gone.mp4", d / "out.mp4"), (),
                                   "is a symbolic link; pass --force"),
-    "output is a link to a folder": (lambda d: os.symlink(d / "theirs", d / "out.mp4"), ("--force",), "is a directory"),
+    "output is a link to a folder": (lambda d: os.symlink(d / "theirs", d / "out.mp4"), ("--force",), "is a folder"),
     "output name too long for the journal": (lambda d: None, ("-o", "{d}/" + "n" * 246 + ".mp4"), "is too long"),
 }
 

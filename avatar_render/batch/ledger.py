@@ -3,14 +3,14 @@ rendered from (the config and the size and SHA-256 of both inputs) and the size 
 of the output it left. A later run skips a job whose record matches and whose output is untouched.
 
 One file per job (written to a temporary name, then renamed), so the processes of a Slurm array or a
-Ray driver never write the same file.
+Ray driver never write the same file. ``.batch/`` is the batch's own folder, known by its marker file:
+a folder of that name without it is somebody else's and is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +21,44 @@ from omegaconf import OmegaConf
 from avatar_render.batch.jobs import Job
 from avatar_render.config import Config
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.names import os_reason, shown
+from avatar_render.files.read import read_json
+from avatar_render.files.write import create_new, make_folder, replace_atomically
 
 NEUTRAL_KEYS = (("run", "queue_chunks"), ("run", "no_face"))  # config keys that cannot change the frames
 _BLOCK = 1 << 20
+_RECORD_LIMIT = 1 << 20
+MARKER = ".avatar-render-batch"
 
 
 def batch_dir(out_dir: Path) -> Path:
     """The batch's own files: ledger, job reports and logs, thumbnails."""
     return Path(out_dir) / ".batch"
+
+
+def own_batch_dir(out_dir: Path) -> Path:
+    """``OUT/.batch``, made now with its marker, or checked to be ours (a folder of an earlier version,
+    with a ``ledger`` folder and no marker, gets the marker)."""
+    folder = batch_dir(out_dir)
+    try:
+        if make_folder(folder) or (folder / "ledger").is_dir() and not (folder / MARKER).exists():
+            create_new(folder / MARKER).close()
+    except OSError as e:
+        raise AvatarRenderError(f"Cannot create the batch's folder {shown(folder)}: {os_reason(e)}.") from None
+    marker = folder / MARKER
+    if folder.is_symlink() or marker.is_symlink() or not marker.is_file():
+        raise AvatarRenderError(f"{shown(folder)} is in the way of the batch's own folder and was not made by it; "
+                                "move it away.")
+    return folder
+
+
+def own_folder(folder: Path) -> Path:
+    """A folder inside the batch's own folder (ledger, reports, logs, thumbnails), made if missing."""
+    try:
+        make_folder(folder)
+    except OSError as e:
+        raise AvatarRenderError(f"Cannot create the batch's folder {shown(folder)}: {os_reason(e)}.") from None
+    return folder
 
 
 def file_stat(path: Path) -> dict[str, int]:
@@ -81,9 +111,12 @@ class Ledger:
         return self.dir / f"{job.key}.json"
 
     def get(self, job: Job) -> Optional[dict[str, Any]]:
-        try:
-            record = json.loads(self._path(job).read_text())
-        except (OSError, ValueError):
+        path = self._path(job)
+        if not path.exists():
+            return None
+        try:  # a damaged record (cut short, nested too deep, not a file) is as good as none
+            record = read_json(path, what="ledger record", give="a record this batch wrote", limit=_RECORD_LIMIT)
+        except AvatarRenderError:
             return None
         return record if isinstance(record, dict) and record.get("name") == job.name else None
 
@@ -97,11 +130,9 @@ class Ledger:
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **record,
         }
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data, indent=1) + "\n")
-            os.replace(tmp, path)
+            make_folder(self.dir)
+            replace_atomically(path, (json.dumps(data, indent=1) + "\n").encode())
         except OSError as e:
             raise AvatarRenderError(f"Cannot write the batch ledger '{path}': {e.strerror or e}.") from None
 

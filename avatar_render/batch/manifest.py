@@ -3,23 +3,30 @@
 Columns (JSON keys): ``ref`` and ``audio`` (required), ``output`` (default: the audio's stem +
 ``.mp4``), ``overrides`` (config overrides: ``key=value`` separated by spaces in CSV, a list or a
 mapping in JSON), ``prompt`` (the text prompt, ``model.prompt``). ``ref`` and ``audio`` are resolved
-against the manifest's folder, ``output`` against the batch's output folder. A bad row is refused with
-its line number before any job runs.
+against the manifest's folder, ``output`` against the batch's output folder, inside which it must stay
+(no ``..`` out of it, no absolute path elsewhere). A bad row is refused with its line number before any
+job runs.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import shlex
 from pathlib import Path
 from typing import Any
 
 from avatar_render.batch.jobs import Job
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.names import shown
+from avatar_render.files.read import parse_json, read_text, regular_file
+from avatar_render.files.targets import TEMP_EXTRA, inside
 
 MANIFEST_SUFFIXES = frozenset({".csv", ".jsonl", ".ndjson"})
 COLUMNS = ("ref", "audio", "output", "overrides", "prompt")
+CELL_LIMIT = 64 << 10  # no path, override list or prompt is longer than this
+_RENDER_EXTRA = len(".partial") + len(".journal")  # the names a render writes beside its output
 
 
 def read_manifest(path: Path, *, out_dir: Path) -> tuple[Job, ...]:
@@ -43,14 +50,18 @@ def read_manifest(path: Path, *, out_dir: Path) -> tuple[Job, ...]:
 
 
 def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise AvatarRenderError(f"Cannot read the manifest '{path}': {getattr(e, 'strerror', None) or e}.") from None
+    return read_text(path, what="manifest", give="a .csv or .jsonl file of jobs")
 
 
 def _csv_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     reader = csv.DictReader(_read(path).splitlines(keepends=True), skipinitialspace=True)
+    try:
+        return _csv_records(path, reader)
+    except csv.Error as e:  # a cell over the csv module's field limit, a NUL byte in the file
+        raise AvatarRenderError(f"{path.name} line {reader.line_num + 1}: not a readable CSV row ({e}).") from None
+
+
+def _csv_records(path: Path, reader: csv.DictReader) -> list[tuple[int, dict[str, Any]]]:
     header = [name.strip().lower() for name in reader.fieldnames or ()]
     unknown = [name for name in header if name not in COLUMNS]
     if unknown or not {"ref", "audio"} <= set(header):
@@ -72,10 +83,7 @@ def _jsonl_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     for number, text in enumerate(_read(path).splitlines(), start=1):
         if not text.strip():
             continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise AvatarRenderError(f"{path.name} line {number}: not valid JSON ({e.msg}).") from None
+        row = parse_json(text, where=f"{path.name} line {number}")
         if not isinstance(row, dict):
             raise AvatarRenderError(f"{path.name} line {number}: a row must be a JSON object with ref and audio.")
         unknown = sorted(set(row) - set(COLUMNS))
@@ -88,19 +96,28 @@ def _jsonl_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
 
 def _job(row: dict[str, Any], *, where: str, base: Path, out_dir: Path) -> Job:
+    for key in COLUMNS:
+        value = row.get(key)
+        if isinstance(value, str) and (len(value) > CELL_LIMIT or "\0" in value):
+            raise AvatarRenderError(f"{where}: the {key} cell is "
+                                    f"{'longer than 64 KB' if len(value) > CELL_LIMIT else 'not text (a NUL byte)'}.")
     paths = {}
     for key, what in (("ref", "reference"), ("audio", "audio")):
         value = row.get(key)
         if not isinstance(value, str) or not value:
             raise AvatarRenderError(f"{where}: the {key} column is empty.")
-        path = (base / value).resolve()
-        if not path.is_file():
-            raise AvatarRenderError(f"{where}: the {what} '{value}' does not exist.")
+        try:
+            path = regular_file(base / value, what=what, give="a file that exists").resolve()
+        except AvatarRenderError as e:  # said with the cell as written
+            said = str(e).replace(f"The {what} {shown(base / value)}", f"the {what} {shown(value)}", 1)
+            raise AvatarRenderError(f"{where}: {said}") from None
+        except (OSError, RuntimeError):  # (RuntimeError: a link loop, before Python 3.13)
+            raise AvatarRenderError(f"{where}: the {what} {shown(value)} cannot be resolved to a file.") from None
         paths[key] = path
     output = row.get("output") or f"{paths['audio'].stem}.mp4"
     if not isinstance(output, str) or Path(output).suffix.lower() != ".mp4":
-        raise AvatarRenderError(f"{where}: the output '{output}' must be a file name ending in .mp4.")
-    target = (out_dir / output).resolve()
+        raise AvatarRenderError(f"{where}: the output {shown(output)} must be a file name ending in .mp4.")
+    target = _output(output, where=where, out_dir=out_dir)
     overrides = _overrides(row.get("overrides"), where=where)
     prompt = row.get("prompt")
     if prompt is not None:
@@ -114,6 +131,23 @@ def _job(row: dict[str, Any], *, where: str, base: Path, out_dir: Path) -> Job:
     return Job(
         name=name, reference=paths["ref"], audio=paths["audio"], output=target, overrides=overrides, origin=where
     )
+
+
+def _output(output: str, *, where: str, out_dir: Path) -> Path:
+    """The output's absolute path: inside ``out_dir``, every part of it a name the system can take."""
+    too_long = next((part for part in Path(output).parts
+                     if len(os.fsencode(part)) + _RENDER_EXTRA + TEMP_EXTRA > 255), None)
+    if too_long is not None:
+        raise AvatarRenderError(f"{where}: the output {shown(output[:60] + '...')} has a name too long for a file "
+                                "(with the names written beside it, at most about 230 bytes).")
+    target = Path(os.path.abspath(out_dir / output))
+    if not inside(target, out_dir):
+        raise AvatarRenderError(f"{where}: the output {shown(output)} is outside the output folder {shown(out_dir)}; "
+                                "give a path inside it.")
+    try:
+        return target.resolve()
+    except (OSError, RuntimeError):
+        raise AvatarRenderError(f"{where}: the output {shown(output)} cannot be resolved to a path.") from None
 
 
 def _overrides(value: Any, *, where: str) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence
 from avatar_render.batch.events import JobMessage, JobProgress, JobStarted, OnEvent, Stopping
 from avatar_render.batch.jobs import EVENT_PREFIX, Job, JobSpec
 from avatar_render.batch.library import StopNow
+from avatar_render.files.write import fresh_file
 
 POLL_S = 0.2
 
@@ -137,8 +138,7 @@ class LocalPool:
         env = dict(os.environ)
         if self.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.devices[slot * self.procs : (slot + 1) * self.procs])
-        task.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(task.log, "w") as log:
+        with fresh_file(task.log) as log:  # (in the batch's own folder)
             proc = subprocess.Popen(
                 worker_command(task.spec, procs=self.procs),
                 stdin=subprocess.PIPE,

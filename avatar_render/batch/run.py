@@ -13,14 +13,18 @@ from typing import Callable, Optional
 import avatar_render.batch.ledger as ledger_mod
 from avatar_render.batch.events import JobFinished, OnEvent, Planned
 from avatar_render.batch.jobs import Job, JobSpec, Outcome
-from avatar_render.batch.ledger import Decision, Ledger, batch_dir
+from avatar_render.batch.ledger import Decision, Ledger, batch_dir, own_batch_dir, own_folder
 from avatar_render.batch.library import partial_path
+from avatar_render.batch.locks import JobLocks
 from avatar_render.batch.pool import LocalPool, Task
 from avatar_render.batch.shard import Shard, slurm_shard
 from avatar_render.batch.sources import load_jobs
-from avatar_render.batch.summary import summary_record, thumbnail, write_summary
+from avatar_render.batch.summary import SUMMARY, summary_record, thumbnail, write_summary
 from avatar_render.config import Config, load_config
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.names import os_reason, shown
+from avatar_render.files.targets import check_folder, check_target
+from avatar_render.files.write import make_folder, remove
 
 
 @dataclass(frozen=True)
@@ -116,16 +120,32 @@ def run_batch(
     t0, started = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     plan = plan_batch(request)
     emit = on_event or (lambda event: None)
+    check_folder(Path(request.out), what="output folder", create=True)
     out = Path(request.out).resolve()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise AvatarRenderError(f"Cannot create the output folder '{out}': {e.strerror or e}.") from None
-    ledger, files = Ledger(out), batch_dir(out)
+    summary_path = out / f"{_summary_name(plan.shard)}.json"
+    for path in (summary_path, summary_path.with_suffix(".html")):
+        check_target(path, what="batch summary", force=request.force, kind=SUMMARY)
+    files = own_batch_dir(out)
+    with JobLocks(files) as locks:
+        return _run_locked(request, plan, locks, out=out, files=files, summary_path=summary_path, emit=emit,
+                           should_stop=should_stop, t0=t0, started=started)
+
+
+def _run_locked(request: BatchRequest, plan: BatchPlan, locks: JobLocks, *, out: Path, files: Path, summary_path: Path,
+                emit: OnEvent, should_stop: Optional[Callable[[], bool]], t0: float, started: str) -> BatchResult:
+    ledger = Ledger(out)
     outcomes: dict[str, Outcome] = {}
     tasks = []
     for job in plan.jobs:
         decision = plan.decisions[job.key]
+        if decision.action != "skip":
+            if not locks.take(job.key):
+                outcomes[job.key] = Outcome(job, "skipped", reason="another batch into this folder is rendering it "
+                                                                   "right now")
+                continue
+            # decided again now that the job is ours: another batch may have finished it meanwhile
+            decision = ledger.decide(job, plan.identities[job.key]["identity"],
+                                     partial_exists=partial_path(job.output).exists(), force=request.force)
         if decision.action == "skip":
             kept = {
                 k: v
@@ -138,7 +158,10 @@ def run_batch(
         elif decision.action == "refuse":
             outcomes[job.key] = Outcome(job, "failed", reason=decision.reason)
         else:
-            tasks.append(_task(job, decision, request, files, started_at=t0))
+            try:
+                tasks.append(_task(job, decision, request, files, started_at=t0))
+            except AvatarRenderError as e:
+                outcomes[job.key] = Outcome(job, "failed", reason=str(e))
     workers = max(1, min(request.jobs or default_workers(plan.config, request.procs_per_job), len(tasks) or 1))
     launch = _launcher(request, plan.config, workers)
     emit(
@@ -175,7 +198,7 @@ def run_batch(
         else False
     )
     for marker in (files / "attempts").glob("*"):
-        marker.unlink(missing_ok=True)
+        remove(marker)
     ordered = tuple(outcomes[job.key] for job in plan.jobs)
     meta = {
         "source": str(request.source),
@@ -191,7 +214,7 @@ def run_batch(
         "overrides": list(request.overrides),
         "unpaired": [str(p) for p in plan.unpaired],
     }
-    json_path, html_path = _summary(ordered, meta, out, shard=plan.shard)
+    json_path, html_path = _summary(ordered, meta, out, summary_path)
     return BatchResult(
         outcomes=ordered, unpaired=plan.unpaired, summary_json=json_path, summary_html=html_path, stopped=stopped
     )
@@ -218,14 +241,15 @@ def _launcher(request: BatchRequest, cfg: Config, workers: int) -> Callable[...,
     return LocalPool(workers=workers, procs_per_job=request.procs_per_job, devices=devices).run
 
 
-def _summary(outcomes: tuple[Outcome, ...], meta: dict, out: Path, *, shard: Optional[Shard]) -> tuple[Path, Path]:
-    thumbs = {
-        o.job.key: thumbnail(o.job.output, batch_dir(out) / "thumbs" / f"{o.job.key}.jpg")
-        for o in outcomes
-        if o.status in ("done", "resumed", "skipped") and o.job.output.exists()
-    }
-    name = "batch-summary" + (f".shard-{shard.index}-of-{shard.count}" if shard else "")
-    return write_summary(summary_record(outcomes, meta=meta, out_dir=out, thumbs=thumbs), out / f"{name}.json")
+def _summary_name(shard: Optional[Shard]) -> str:
+    return "batch-summary" + (f".shard-{shard.index}-of-{shard.count}" if shard else "")
+
+
+def _summary(outcomes: tuple[Outcome, ...], meta: dict, out: Path, path: Path) -> tuple[Path, Path]:
+    shown_jobs = [o for o in outcomes if o.status in ("done", "resumed", "skipped") and o.job.output.exists()]
+    thumbs_dir = own_folder(batch_dir(out) / "thumbs") if shown_jobs else None
+    thumbs = {o.job.key: thumbnail(o.job.output, thumbs_dir / f"{o.job.key}.jpg") for o in shown_jobs}
+    return write_summary(summary_record(outcomes, meta=meta, out_dir=out, thumbs=thumbs), path)
 
 
 def _task(job: Job, decision: Decision, request: BatchRequest, files: Path, *, started_at: float) -> Task:
@@ -243,8 +267,12 @@ def _task(job: Job, decision: Decision, request: BatchRequest, files: Path, *, s
         resume=not decision.force,
         retry_marker=marker,
     )
-    (files / "reports").mkdir(parents=True, exist_ok=True)
-    return Task(job=job, spec=spec, log=files / "logs" / f"{job.key}.log")
+    own_folder(files / "reports")
+    try:
+        make_folder(job.output.parent, parents=True)  # (inside the output folder: the manifest's rule)
+    except OSError as e:
+        raise AvatarRenderError(f"Cannot create its folder {shown(job.output.parent)}: {os_reason(e)}.") from None
+    return Task(job=job, spec=spec, log=own_folder(files / "logs") / f"{job.key}.log")
 
 
 def _outcome(task: Task, final: dict, wall_s: float) -> Outcome:

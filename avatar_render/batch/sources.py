@@ -3,6 +3,7 @@ audio) or a manifest file (see ``manifest``)."""
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,9 @@ from typing import Optional
 from avatar_render.batch.jobs import Job
 from avatar_render.batch.manifest import MANIFEST_SUFFIXES, read_manifest
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.names import shown
+from avatar_render.files.read import regular_file
+from avatar_render.files.targets import Inputs
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"})
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})  # references (their first frame)
@@ -24,10 +28,26 @@ class JobList:
 
 
 def load_jobs(source: Path, *, out_dir: Path, ref: Optional[Path] = None) -> JobList:
-    source = Path(source)
-    if not source.exists():
-        raise AvatarRenderError(f"The batch source '{source}' does not exist; give a folder or a .csv/.jsonl manifest.")
-    if source.is_dir():
+    """The jobs of ``source``; no job's output may be any job's input (a reference or an audio file)."""
+    listed = _listed(Path(source), out_dir=out_dir, ref=ref)
+    inputs = Inputs({})
+    for job in listed.jobs:
+        inputs.add(f"reference of {job.origin}", job.reference)
+        inputs.add(f"audio of {job.origin}", job.audio)
+    for job in listed.jobs:
+        inputs.check(job.output, what=f"output of {job.origin}")
+    return listed
+
+
+def _listed(source: Path, *, out_dir: Path, ref: Optional[Path]) -> JobList:
+    try:
+        exists, is_dir = os.path.exists(source), source.is_dir()
+    except (OSError, ValueError):
+        raise AvatarRenderError(f"The batch source {shown(source)} is not a valid path.") from None
+    if not exists:
+        raise AvatarRenderError(f"The batch source {shown(source)} does not exist; give a folder or a .csv/.jsonl "
+                                "manifest.")
+    if is_dir:
         return pair_folder(source, out_dir=out_dir, ref=ref)
     if ref is not None:
         raise AvatarRenderError(
@@ -47,8 +67,8 @@ def pair_folder(folder: Path, *, out_dir: Path, ref: Optional[Path] = None) -> J
         raise AvatarRenderError(
             f"Give an output folder other than the source folder '{folder}' (its videos would be read as references)."
         )
-    if ref is not None and not Path(ref).is_file():
-        raise AvatarRenderError(f"The reference '{ref}' does not exist.")
+    if ref is not None:
+        regular_file(ref, what="reference", give="an image or video file")
     refs: dict[str, list[Path]] = defaultdict(list)
     audios: dict[str, list[Path]] = defaultdict(list)
     for path in sorted(folder.iterdir()):

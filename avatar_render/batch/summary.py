@@ -5,6 +5,7 @@ its links and images are paths relative to it."""
 from __future__ import annotations
 
 import html
+import io
 import json
 import os
 from collections import Counter
@@ -15,8 +16,12 @@ import av
 
 from avatar_render.batch.jobs import STATUSES, Outcome
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.names import os_reason, shown
+from avatar_render.files.targets import signature
+from avatar_render.files.write import replace_atomically
 
 THUMB_WIDTH = 192
+SUMMARY = "batch-summary"  # the kind of file the summaries are (files.targets.signature)
 
 
 def thumbnail(video: Path, dest: Path) -> Optional[Path]:
@@ -29,8 +34,9 @@ def thumbnail(video: Path, dest: Path) -> Optional[Path]:
                 container.seek(container.duration // 2)  # (microseconds) the keyframe before the middle
             image = next(container.decode(video=0)).to_image()
         image.thumbnail((THUMB_WIDTH, THUMB_WIDTH))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        image.save(dest, "JPEG", quality=85)
+        jpeg = io.BytesIO()
+        image.save(jpeg, "JPEG", quality=85)
+        replace_atomically(dest, jpeg.getvalue())  # (in the batch's own folder)
         return dest
     except (OSError, av.error.FFmpegError, StopIteration, IndexError):
         return None
@@ -69,7 +75,8 @@ def summary_record(
                 "thumbnail": rel(thumbs.get(o.job.key)),
             }
         )
-    return {**meta, "counts": counts(outcomes), "failed": sum(o.status == "failed" for o in outcomes), "jobs": jobs}
+    return {"written_by": signature(SUMMARY), **meta, "counts": counts(outcomes),
+            "failed": sum(o.status == "failed" for o in outcomes), "jobs": jobs}
 
 
 def write_summary(record: dict[str, Any], json_path: Path) -> tuple[Path, Path]:
@@ -80,11 +87,9 @@ def write_summary(record: dict[str, Any], json_path: Path) -> tuple[Path, Path]:
             (json_path, json.dumps(record, indent=1) + "\n"),
             (html_path, page(record, json_path.parent)),
         ):
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
+            replace_atomically(path, text.encode())
     except OSError as e:
-        raise AvatarRenderError(f"Cannot write the batch summary '{json_path}': {e.strerror or e}.") from None
+        raise AvatarRenderError(f"Cannot write the batch summary {shown(json_path)}: {os_reason(e)}.") from None
     return json_path, html_path
 
 
@@ -136,6 +141,7 @@ def page(record: dict[str, Any], folder: Path) -> str:
     title = f"avatar-render batch: {record.get('source', '')}"
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="generator" content="{signature(SUMMARY)}">'
         f"<title>{e(title)}</title><style>{_STYLE}</style></head>\n"
         f"<body><h1>{e(title)}</h1><p>{e(tally)} &middot; {e(record.get('finished', ''))}"
         f"{' &middot; shard ' + e(record['shard']) if record.get('shard') else ''}</p>\n"

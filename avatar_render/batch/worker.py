@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 from avatar_render.batch.jobs import EVENT_PREFIX, JobSpec
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.write import create_new, make_folder
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -44,11 +45,11 @@ def run_job(spec: JobSpec, *, emit: Emit, should_stop: Optional[Callable[[], boo
         resume = spec.resume and partial_path(Path(spec.output)).exists()
         if spec.retry_marker is not None:
             marker = Path(spec.retry_marker)
-            if marker.exists():  # an earlier attempt of this job died: go on from its journal
+            try:
+                make_folder(marker.parent)  # (in the batch's own folder)
+                create_new(marker).close()
+            except FileExistsError:  # an earlier attempt of this job died: go on from its journal
                 resume = True
-            else:
-                marker.parent.mkdir(parents=True, exist_ok=True)
-                marker.touch()
         request = RenderRequest(
             reference=Path(spec.reference),
             audio=Path(spec.audio),

@@ -18,7 +18,8 @@ import av
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError, InputError
-from avatar_render.files import regular_file, shown
+from avatar_render.files.names import shown
+from avatar_render.files.read import regular_file
 
 AAC_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000)
 _FALLBACK_RATE = 48000

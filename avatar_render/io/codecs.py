@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import errno
 import math
-import os
 from fractions import Fraction
 from pathlib import Path
 
 import av
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import shown
+from avatar_render.files.names import os_reason, shown
+from avatar_render.files.write import place, remove, temp_beside
 from avatar_render.io.spec import WriterSpec
 
 
@@ -25,7 +25,10 @@ def remux_faststart(src: Path, dst: Path) -> None:
     copy is written beside ``dst`` and moved over it, so a crash leaves ``src`` intact.
     """
     src, dst = Path(src), Path(dst)
-    part = dst.with_name(dst.stem + ".remux" + dst.suffix)
+    try:
+        part = temp_beside(dst)  # (FFmpeg opens it by name: faststart reads the file back to move the index)
+    except OSError as exc:
+        raise AvatarRenderError(write_error(dst, exc)) from None
     try:
         with av.open(str(src)) as source, av.open(str(part), "w", format="mp4",
                                                   options={"movflags": "faststart"}) as out:
@@ -35,12 +38,12 @@ def remux_faststart(src: Path, dst: Path) -> None:
                     continue
                 packet.stream = streams[packet.stream.index]
                 out.mux(packet)
-        os.replace(part, dst)
+        place(part, dst, replace=True)
     except OSError as exc:
-        part.unlink(missing_ok=True)
+        remove(part)
         raise AvatarRenderError(write_error(dst, exc)) from None
     except BaseException:
-        part.unlink(missing_ok=True)
+        remove(part)
         raise
 
 
@@ -101,11 +104,3 @@ def create_error(path: Path, exc: OSError) -> str:
 
 def write_error(path: Path, exc: OSError) -> str:
     return f"Could not write {shown(path)}: {os_reason(exc)}."
-
-
-def os_reason(exc: OSError) -> str:
-    """An OSError as the end of a sentence: 'no space left on device'."""
-    text = os.strerror(exc.errno) if exc.errno else str(exc)
-    if exc.errno == errno.EFBIG:
-        text = "the file is larger than this system allows"
-    return text[:1].lower() + text[1:]

@@ -6,7 +6,8 @@ import os
 from typing import BinaryIO
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import create_new, open_own, shown
+from avatar_render.files.names import shown
+from avatar_render.files.write import create_new, open_own, remove
 from avatar_render.io.codecs import create_error, write_error
 from avatar_render.io.encoder import Fragment
 from avatar_render.io.fmp4 import Fmp4Muxer, MuxerState, Tracks, scan_fragments
@@ -45,7 +46,7 @@ class FileSink:
         """Close a file that was never opened: a new one is removed, a resumed one left as it was."""
         self.file.close()
         if self._resume is None:
-            self.path.unlink(missing_ok=True)
+            remove(self.path)
 
     def _cut_back(self, size: int, sequence: int) -> None:
         path, init = self.path, self.muxer.init_segment()

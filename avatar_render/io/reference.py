@@ -13,7 +13,8 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import regular_file, shown
+from avatar_render.files.names import shown
+from avatar_render.files.read import regular_file
 from avatar_render.io.video_source import SourceTimeline, VideoReference, probe_source
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})

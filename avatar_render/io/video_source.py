@@ -21,7 +21,7 @@ import numpy as np
 
 from avatar_render.config import TIMINGS
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import shown
+from avatar_render.files.names import shown
 
 __all__ = ["TIMINGS", "SourceFrames", "SourceInfo", "SourceTimeline", "VideoReference", "probe_source"]
 SEEK_AHEAD = 48  # a frame this far past the decoder's position is reached by decoding on, farther by a seek

@@ -43,7 +43,7 @@ import av
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import shown
+from avatar_render.files.names import shown
 from avatar_render.io.codecs import remux_faststart, write_error
 from avatar_render.io.encoder import Aborted, ChunkEncoder, Fragment, replay_from
 from avatar_render.io.filesink import FileSink

@@ -23,7 +23,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import struct
 from dataclasses import dataclass
 from importlib import metadata
@@ -33,14 +32,16 @@ from typing import Any, Optional
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import (
-    NO_FOLLOW,
+from avatar_render.files.names import os_reason, shown
+from avatar_render.files.write import (
     create_new,
+    make_folder,
+    open_lock,
     open_own,
+    remove,
+    remove_tree,
     replace_atomically,
-    shown,
 )
-from avatar_render.io.codecs import os_reason
 from avatar_render.io.writer import WriterPosition
 from avatar_render.pipeline.state import Checkpoint, Flat, flatten, unflatten
 from avatar_render.pipeline.types import Published
@@ -148,14 +149,14 @@ class Journal:
             if not create:
                 return None
             try:
-                directory.mkdir()
+                make_folder(directory)
                 create_new(directory / MARKER).close()
             except OSError as exc:
                 raise AvatarRenderError(
                     f"Could not create the resume journal {shown(directory)}: {os_reason(exc)}.") from None
         check_ours(directory)
         try:
-            fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | NO_FOLLOW, 0o644)
+            fd = open_lock(directory / "lock")
         except OSError as exc:
             raise AvatarRenderError(
                 f"Could not open the resume journal {shown(directory)}: {os_reason(exc)}.") from None
@@ -179,7 +180,7 @@ class Journal:
         try:
             for entry in self.dir.iterdir():
                 if entry.name not in ("lock", MARKER):
-                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+                    remove_tree(entry) if entry.is_dir() and not entry.is_symlink() else remove(entry)
             _write_atomic(self.dir / "chunks.jsonl", b"")
             self.meta = {"format": FORMAT, "identity": ident, "commit": None}
             _write_atomic(self.dir / "journal.json", json.dumps(self.meta, indent=1).encode())
@@ -216,7 +217,7 @@ class Journal:
             records = [ChunkRecord(**json.loads(line)) for line in data.splitlines()]
             for entry in self.dir.glob("state-*"):
                 if entry.name != commit.state_file:
-                    entry.unlink()
+                    remove(entry)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise AvatarRenderError(f"The resume journal {shown(self.dir)} is damaged ({exc}).") from None
         if not isinstance(checkpoint, Checkpoint) or len(records) != commit.chunks:
@@ -246,13 +247,13 @@ class Journal:
             _write_atomic(self.dir / "journal.json", json.dumps(meta, indent=1).encode())
             self.meta = meta
             if previous is not None and previous.state_file != state_file:
-                (self.dir / previous.state_file).unlink(missing_ok=True)
+                remove(self.dir / previous.state_file)
         except OSError as exc:
             raise AvatarRenderError(
                 f"Could not write the resume journal {shown(self.dir)}: {os_reason(exc)}.") from None
 
     def discard(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_tree(self.dir)
 
     def close(self) -> None:
         if self._lock_fd >= 0:

@@ -5,8 +5,6 @@ Only the writing process (process 0 of a launch) gets here, so only it publishes
 from __future__ import annotations
 
 import math
-import shutil
-import tempfile
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -14,14 +12,16 @@ from typing import Callable, Optional
 
 from avatar_render.config import Config
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import shown
-from avatar_render.io.live.hls import HlsSink, read_playlist, remove_playlist
+from avatar_render.files.names import shown
+from avatar_render.files.write import new_temp_folder, remove_tree
+from avatar_render.io.live.hls import HlsSink, claimed_names, remove_playlist, written_names
 from avatar_render.io.live.pipe import PipeSink
 from avatar_render.io.live.push import POLICIES, Pacing, PushSink
 from avatar_render.io.live.server import WatchServer
 from avatar_render.io.live.targets import LiveTarget, parse_serve, parse_target
 from avatar_render.io.sink import Sink
 from avatar_render.io.spec import WriterSpec
+from avatar_render.job.output import request_inputs
 from avatar_render.job.types import OnMessage, Progress, RenderRequest
 
 _SERVED_PLAYLIST = "live.m3u8"
@@ -55,16 +55,17 @@ class Live:
         self._temp: Optional[Path] = None
         self.server: Optional[WatchServer] = None
         self.sinks: list[Sink] = []
+        self._served: Optional[HlsSink] = None  # the sink of the playlist the server serves
         if opts.serve is not None:
             host, port = parse_serve(opts.serve)
             if hls:  # the first playlist named is the one served
                 folder, playlist = hls[0].path.resolve().parent, hls[0].path.name
             else:
-                self._temp = Path(tempfile.mkdtemp(prefix="avatar-render-live-"))
+                self._temp = new_temp_folder("avatar-render-live-")
                 folder, playlist = self._temp, _SERVED_PLAYLIST
                 self.targets.append(LiveTarget("hls", str(self._temp / playlist), path=self._temp / playlist))
             try:
-                self.server = WatchServer(host, port, folder, playlist)
+                self.server = WatchServer(host, port, folder, playlist, served=self._served_names)
             except BaseException:
                 self.close()
                 raise
@@ -96,12 +97,18 @@ class Live:
                 # a GOP spans whole chunks: the first checkpoint at least a GOP's length after its start
                 target = math.ceil(max(1, math.ceil(spec.gop_seconds / chunk_s - 1e-9)) * chunk_s - 1e-9)
                 sinks.append(HlsSink(t.path, fps=spec.fps, target_seconds=target))
+                if self._served is None:  # (the first playlist is the one served)
+                    self._served = sinks[-1]
             elif t.kind == "stdout":
                 sinks.append(PipeSink(1, say=self.say))
             else:
                 sinks.append(PushSink(t, pacing, spec=spec, say=self.say, total_seconds=total_seconds))
         self.sinks = sinks
         return sinks
+
+    def _served_names(self) -> frozenset[str]:
+        """What the watch server may hand out: the files the render wrote and listed, nothing else."""
+        return frozenset() if self._served is None else self._served.served
 
     def on_progress(self, p: Progress, *, generated_fps: float) -> None:
         if self.server is None:
@@ -153,7 +160,7 @@ class Live:
             self.server.close()
             self.server = None
         if self._temp is not None:
-            shutil.rmtree(self._temp, ignore_errors=True)
+            remove_tree(self._temp)
             self._temp = None
 
     def _check_playlist(self, target: LiveTarget, request: RenderRequest) -> None:
@@ -163,10 +170,21 @@ class Live:
                 f"Cannot write the playlist {shown(path)}: the folder '{path.parent}' does not exist.")
         if path.is_symlink() or (path.exists() and not path.is_file()):
             raise AvatarRenderError(f"{shown(path)} is not a regular file; the render writes only files it makes.")
+        ours: set[str] = set()
         if path.exists():
-            read_playlist(path, Fraction(request.config.fps))  # one of ours, else refused whatever the flags
+            ours = claimed_names(path, Fraction(request.config.fps))  # one of ours, else refused whatever the flags
             if not (request.force or request.resume):
                 raise AvatarRenderError(f"The playlist {shown(path)} exists; pass --force to replace it "
                                         "(or --resume to go on with the render it belongs to).")
         if request.output is not None and path.resolve() == Path(request.output).resolve():
             raise AvatarRenderError(f"The playlist {shown(path)} cannot be the output too.")
+        inputs = request_inputs(request)
+        for written in [path, *written_names(path)]:
+            inputs.check(written, what="playlist" if written == path else "HLS segment")
+        if not (ours and request.resume and not request.force):  # (a resume meets its own files: hls.py)
+            stranger = next((p for p in written_names(path) if p.name not in ours), None)
+            if stranger is not None:
+                raise AvatarRenderError(
+                    f"{shown(stranger)} is in the way: the stream's segments would be written there under the "
+                    f"playlist's name, and it is not a file this render wrote; move it away or name the playlist "
+                    "otherwise.")

@@ -19,7 +19,8 @@ from typing import Callable, Optional
 from omegaconf import OmegaConf
 
 from avatar_render.errors import AvatarRenderError, InputError
-from avatar_render.files import shown
+from avatar_render.files.names import shown
+from avatar_render.files.write import remove
 from avatar_render.io.writer import (
     Mp4Writer,
     WriterPosition,
@@ -105,7 +106,7 @@ class ChunkLoop:
                 raise
             raise explained from None
         if self.output is not None:
-            self.partial.unlink(missing_ok=True)
+            remove(self.partial)
             self.journal.discard()
         return self._report(stats, tally)
 
@@ -240,7 +241,7 @@ class ChunkLoop:
         commit = self.journal.commit_info
         if commit is not None and commit.frames:
             return False
-        self.partial.unlink(missing_ok=True)
+        remove(self.partial)
         self.journal.discard()
         return True
 

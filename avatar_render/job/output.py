@@ -9,14 +9,15 @@ journal path that holds something it did not make."""
 from __future__ import annotations
 
 import os
-import shutil
-import stat
 from pathlib import Path
 from typing import Optional
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import shown
+from avatar_render.files.names import same_file, shown
+from avatar_render.files.targets import Inputs, check_target
+from avatar_render.files.write import place, remove, remove_tree
 from avatar_render.job.journal import Journal, check_ours, journal_path
+from avatar_render.telemetry import REPORT
 
 
 def partial_path(output: Path) -> Path:
@@ -26,68 +27,27 @@ def partial_path(output: Path) -> Path:
 
 def check_output(output: Path, *, force: bool) -> None:
     """The output's name and folder, before anything is written (an existing output, a link there
-    included, is only replaced with ``force``, and then as a whole: never written through)."""
-    if _lstat_is(output, stat.S_ISDIR) or (output.is_symlink() and output.is_dir()):
-        raise AvatarRenderError(f"Output {shown(output)} is a directory; give a file name ending in .mp4.")
+    included, is only replaced with ``force``, and then as a whole: never written through). Its folder
+    must exist: a render makes no folder."""
+    if _is_folder(output):
+        raise AvatarRenderError(f"Output {shown(output)} is a folder; give a file name ending in .mp4.")
     if output.suffix.lower() != ".mp4":
         raise AvatarRenderError(f"Output {shown(output)} must be a file name ending in .mp4.")
-    if os.path.lexists(output) and not force:
-        what = "is a symbolic link" if output.is_symlink() else "already exists"
-        raise AvatarRenderError(f"Output {shown(output)} {what}; pass --force to replace it.")
-    parent = output.parent
-    if parent.exists() and not parent.is_dir():
-        raise AvatarRenderError(f"Cannot write {shown(output)}: {shown(parent)} is a file, not a directory.")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise AvatarRenderError(f"Cannot create the output directory {shown(parent)}: {e.strerror or e}.") from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise AvatarRenderError(f"Cannot write to the output directory {shown(parent)}.")
-    _check_name_length(output)
+    check_target(output, what="output", force=force,
+                 siblings=(partial_path(output).name, journal_path(output).name))
 
 
-def _check_name_length(output: Path) -> None:
-    """The render's own names beside the output must fit the folder's file-name limit too."""
-    try:
-        limit = os.pathconf(output.parent, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        limit = 255
-    longest = max(len(os.fsencode(p.name)) for p in (output, partial_path(output), journal_path(output)))
-    if longest > limit:
-        raise AvatarRenderError(
-            f"The output name {shown(output.name)} is too long: with the render's '.partial' and '.journal' names "
-            f"beside it, it passes this folder's limit of {limit} bytes per name; use a name at least "
-            f"{longest - limit} bytes shorter."
-        )
+def check_report(report: Optional[Path], *, force: bool, inputs: Inputs) -> None:
+    """The report's path, before the first frame: a file in a folder that takes it, not an input or
+    another output; an existing file is replaced only if it is a report of ours (or with ``force``)."""
+    if report is not None:
+        check_target(report, what="report", force=force, kind=REPORT, inputs=inputs)
 
 
-def check_report(report: Optional[Path], output: Optional[Path], *, force: bool) -> None:
-    """The report's path, before the first frame: a file in a writable folder, not the output."""
-    if report is None:
-        return
-    if _lstat_is(report, stat.S_ISDIR):
-        raise AvatarRenderError(f"Cannot write the report to {shown(report)}: it is a folder; give a file name.")
-    if not report.parent.is_dir():
-        raise AvatarRenderError(
-            f"Cannot write the report to {shown(report)}: the folder {shown(report.parent)} does not exist.")
-    if not os.access(report.parent, os.W_OK | os.X_OK):
-        raise AvatarRenderError(
-            f"Cannot write the report to {shown(report)}: the folder {shown(report.parent)} is not writable.")
-    if report.is_symlink() and not force:
-        raise AvatarRenderError(f"The report path {shown(report)} is a symbolic link; pass --force to replace the link "
-                                "(it is never written through).")
-    if output is not None and (os.path.abspath(report) == os.path.abspath(output) or _same_file(report, output)):
-        raise AvatarRenderError(
-            f"The report and the output are the same file {shown(report)}; give them different names.")
-
-
-def check_not_inputs(inputs: dict[str, Path], outputs: dict[str, Path]) -> None:
-    """No path the render writes may be one of its inputs, by name or through links."""
-    for what, target in outputs.items():
-        for name, source in inputs.items():
-            if os.path.abspath(target) == os.path.abspath(source) or _same_file(target, source):
-                raise AvatarRenderError(f"The {what} {shown(target)} is the {name} file; the render never writes over "
-                                        "its inputs, give another name.")
+def request_inputs(request) -> Inputs:
+    """What a render reads (``request``: a RenderRequest): none of its outputs may be one of them."""
+    return Inputs({"reference file": Path(request.reference), "audio file": Path(request.audio),
+                   "config file": None if request.config_file is None else Path(request.config_file)})
 
 
 def check_partial(output: Path, journal: Optional[Journal]) -> None:
@@ -108,21 +68,11 @@ def check_partial(output: Path, journal: Optional[Journal]) -> None:
 def move_into_place(src: Path, dst: Path, *, partial: Path, force: bool) -> None:
     """Rename ``src`` to ``dst``; without ``force`` never over anything that appeared meanwhile (a
     link included); with it, whatever is at ``dst`` is replaced as a whole, never written through."""
-    if force:
-        os.replace(src, dst)
-        return
     try:
-        os.link(src, dst)  # fails if dst exists, unlike rename
+        place(src, dst, replace=force)
     except FileExistsError:
         raise AvatarRenderError(f"{shown(dst)} was created by something else during the render and is kept; the new "
                                 f"video is in {shown(partial)}.") from None
-    except OSError:  # no hard links here
-        if os.path.lexists(dst):
-            raise AvatarRenderError(f"{shown(dst)} was created by something else during the render and is kept; the "
-                                    f"new video is in {shown(partial)}.") from None
-        os.replace(src, dst)
-    else:
-        src.unlink()
 
 
 def finished_before(output: Path) -> bool:
@@ -135,12 +85,12 @@ def finished_before(output: Path) -> bool:
     except (AvatarRenderError, OSError):  # (OSError: a name too long, said by check_output)
         return False
     if not (os.path.lexists(output) and complete.is_file() and not output.is_symlink()
-            and _same_file(output, complete)):
+            and same_file(output, complete)):
         return False
     partial = partial_path(output)
     if partial.is_file() and not partial.is_symlink():
-        partial.unlink()
-    shutil.rmtree(folder, ignore_errors=True)
+        remove(partial)
+    remove_tree(folder)
     return True
 
 
@@ -156,19 +106,12 @@ def forget_empty_render(output: Path) -> None:
     if commit is None or not commit.frames:
         partial = partial_path(output)
         if not partial.is_symlink():
-            partial.unlink(missing_ok=True)
-        shutil.rmtree(folder, ignore_errors=True)
+            remove(partial)
+        remove_tree(folder)
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def _is_folder(path: Path) -> bool:
     try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def _lstat_is(path: Path, kind) -> bool:
-    try:
-        return kind(os.lstat(path).st_mode)
-    except OSError:
+        return path.is_dir()
+    except OSError:  # a name too long: said by check_target
         return False

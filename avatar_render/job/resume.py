@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import shown
+from avatar_render.files.names import shown
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.writer import replay_start
 from avatar_render.job.journal import Commit, Journal

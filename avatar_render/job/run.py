@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 from avatar_render.distributed.launch import broadcast
 from avatar_render.distributed.mesh import Mesh
 from avatar_render.errors import AvatarRenderError
-from avatar_render.files import shown
+from avatar_render.files.names import shown
+from avatar_render.files.write import remove
 from avatar_render.job.journal import (
     ChunkRecord,
     Commit,
@@ -21,12 +22,12 @@ from avatar_render.job.journal import (
 from avatar_render.job.live import Live
 from avatar_render.job.loop import ChunkLoop
 from avatar_render.job.output import (
-    check_not_inputs,
     check_output,
     check_partial,
     check_report,
     finished_before,
     partial_path,
+    request_inputs,
 )
 from avatar_render.job.resume import prior_commit
 from avatar_render.job.setup import prepared
@@ -67,15 +68,12 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry:
                               should_stop=should_stop)
     output = Path(request.output)
     check_output(output, force=request.force)
-    report = None if request.report is None else Path(request.report)
-    check_report(report, output, force=request.force)
     written = {"output": output, "partial file": partial_path(output), "resume journal": journal_path(output)}
-    written.update(_playlists(live))
-    inputs = {"reference": Path(request.reference), "audio": Path(request.audio)}
-    if request.config_file is not None:
-        inputs["config"] = Path(request.config_file)
-    check_not_inputs(inputs,
-                     {**written, **({"report": report} if report else {})})
+    inputs = request_inputs(request)
+    for what, path in written.items():
+        inputs.check(path, what=what)
+    report = None if request.report is None else Path(request.report)
+    check_report(report, force=request.force, inputs=inputs.plus_outputs({**written, **_playlists(live)}))
     journal = Journal.open(journal_path(output), create=False)
     try:
         check_partial(output, journal)
@@ -103,12 +101,9 @@ def _run_live_only(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, 
         raise AvatarRenderError("Give an output file (-o), a live target (--live) or --serve.")
     if request.resume:
         raise AvatarRenderError("--resume needs -o: the resume journal lives beside the output file.")
-    inputs = {"reference": Path(request.reference), "audio": Path(request.audio)}
-    if request.config_file is not None:
-        inputs["config"] = Path(request.config_file)
-    check_not_inputs(inputs, _playlists(live))
     if request.report is not None:
-        check_report(Path(request.report), None, force=request.force)
+        check_report(Path(request.report), force=request.force,
+                     inputs=request_inputs(request).plus_outputs(_playlists(live)))
     with prepared(request.config, Path(request.reference), Path(request.audio), mesh, clock=telemetry.stage) as job:
         for note in job.notes:
             on_message("warning", note)
@@ -149,7 +144,7 @@ def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[C
     if request.resume:
         on_message("info", f"Nothing to resume for {shown(output)}; starting from the beginning.")
     journal = journal or Journal.open(journal_path(output), create=True)
-    partial_path(output).unlink(missing_ok=True)  # (only ever this journal's: check_partial)
+    remove(partial_path(output))  # (only ever this journal's: check_partial)
     journal.begin(ident)
     return journal, None
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable, Optional
 
-from avatar_render.files import shown
+from avatar_render.files.names import shown
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -14,6 +14,9 @@ from typing import Any, Callable
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.names import os_reason, shown
+from avatar_render.files.targets import Inputs, check_target, signature
+from avatar_render.files.write import replace_atomically
 from avatar_render.metrics.blinks import BlinkResult, EyeClosure
 from avatar_render.metrics.colour import ColourDrift, ColourDriftResult
 from avatar_render.metrics.identity import IdentityResult, IdentityTracker
@@ -208,10 +211,26 @@ def _result(info, ref: Reference, rep, speech, rms, count, *, tracker, colour, c
     )
 
 
+INSPECT, PLOT = "inspect", "plot"  # the kinds of file inspect writes (files.targets.signature)
+
+
+def check_destinations(video: Path, *, json_path: Path | None, plot_path: Path | None, force: bool,
+                       report: Path | None = None, reference: Path | None = None, audio: Path | None = None) -> None:
+    """Before the frames are read: the JSON and the plot may be written where they are named (not over
+    an input or each other; an existing file only if inspect wrote it, or with ``force``)."""
+    inputs = Inputs({"video": video, "report": report, "reference file": reference, "audio file": audio})
+    if json_path is not None:
+        check_target(json_path, what="JSON file", force=force, kind=INSPECT, inputs=inputs)
+        inputs = inputs.plus_outputs({"JSON file": json_path})
+    if plot_path is not None:
+        check_target(plot_path, what="plot", force=force, kind=PLOT, inputs=inputs)
+
+
 def write_json(result: InspectResult, path: str | Path) -> Path:
     path = Path(path)
+    text = json.dumps({"written_by": signature(INSPECT), **result.to_dict()}, indent=1) + "\n"
     try:
-        path.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+        replace_atomically(path, text.encode())
     except OSError as e:
-        raise AvatarRenderError(f"Cannot write '{path}': {e.strerror or e}.") from None
+        raise AvatarRenderError(f"Cannot write {shown(path)}: {os_reason(e)}.") from None
     return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -12,17 +13,23 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from avatar_render.errors import AvatarRenderError  # noqa: E402
+from avatar_render.files.names import os_reason, shown  # noqa: E402
+from avatar_render.files.targets import signature  # noqa: E402
+from avatar_render.files.write import replace_atomically  # noqa: E402
 from avatar_render.metrics.colour import NOTICEABLE_DE  # noqa: E402
-from avatar_render.metrics.inspect import InspectResult  # noqa: E402
+from avatar_render.metrics.inspect import PLOT, InspectResult  # noqa: E402
 from avatar_render.metrics.series import moving_average  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
+    """The figure as a PNG at ``path``, signed as a plot of ours (replaced whole, never written through)."""
     path = Path(path)
+    png = io.BytesIO()
     try:
-        fig.savefig(path, dpi=110)
+        fig.savefig(png, format="png", dpi=110, metadata={"Software": signature(PLOT)})
+        replace_atomically(path, png.getvalue())
     except OSError as e:
-        raise AvatarRenderError(f"Cannot write the picture '{path}': {e.strerror or e}.") from None
+        raise AvatarRenderError(f"Cannot write the picture {shown(path)}: {os_reason(e)}.") from None
     finally:
         plt.close(fig)
     return path

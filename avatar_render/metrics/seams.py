@@ -10,7 +10,6 @@ boundaries change no more than a typical frame inside a chunk: the seams are inv
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import cv2
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.read import read_json
 from avatar_render.metrics.regions import luma
 from avatar_render.metrics.series import Track
 from avatar_render.metrics.video import iter_frames
@@ -55,13 +55,7 @@ class SeamResult:
 
 def load_report(path: str | Path) -> dict[str, Any]:
     path = Path(path)
-    if not path.is_file():
-        raise AvatarRenderError(f"The report '{path}' does not exist.")
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raise AvatarRenderError(
-            f"The report '{path}' is not a JSON file written by 'avatar-render render --report'.") from None
+    report = read_json(path, what="report", give="the JSON file 'avatar-render render --report' wrote")
     chunk = report.get("config", {}).get("chunk") if isinstance(report, dict) else None
     if not isinstance(chunk, dict) or not isinstance(chunk.get("chunk_frames"), int) or chunk["chunk_frames"] < 1:
         raise AvatarRenderError(f"The report '{path}' has no chunk plan (config.chunk.chunk_frames); write it with "

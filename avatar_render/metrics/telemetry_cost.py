@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ from typing import Iterator
 
 import avatar_render.api as api
 from avatar_render.config import load_config
+from avatar_render.files.write import temp_folder
 from avatar_render.telemetry import Telemetry, write_report
 
 _STAGE_LOOPS, _RECORD_LOOPS, _SETUP_LOOPS = 20_000, 5_000, 200
@@ -104,8 +104,7 @@ def _per_call_us(fn, n: int) -> float:
 
 def measure(reference: Path, speech: Path, *, repeats: int = 5, overrides: tuple[str, ...] = (),
             report: bool = True) -> TelemetryCost:
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+    with temp_folder() as work:
         _render(reference, speech, overrides, work, report=report)  # warm-up: imports, caches, the face detector
         with_t, without_t = [], []
         for i in range(repeats):

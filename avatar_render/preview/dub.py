@@ -25,7 +25,7 @@ from avatar_render.face.detect import FaceDetector
 from avatar_render.face.fit import Fit, fit_to_frame
 from avatar_render.face.landmarks import LandmarkModel
 from avatar_render.face.layout import Box
-from avatar_render.files import shown
+from avatar_render.files.names import shown
 from avatar_render.io.video_source import SourceFrames, VideoReference
 from avatar_render.pipeline.types import Frames, RequestInput
 from avatar_render.preview.motion import OPEN, WIDTH

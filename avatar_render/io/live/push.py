@@ -30,7 +30,7 @@ from avatar_render.io.encoder import Fragment
 from avatar_render.io.fmp4 import AAC_FRAME, AAC_PRIMING, MuxerState, Tracks
 from avatar_render.io.live.filler import Filler
 from avatar_render.io.live.targets import LiveTarget
-from avatar_render.io.live.wire import WIRE_CLOCK, Connection, WirePacket, connect
+from avatar_render.io.live.wire import WIRE_CLOCK, Sender, WirePacket, connect
 from avatar_render.io.spec import WriterSpec
 
 Policy = Literal["stall", "hold", "preroll"]
@@ -135,7 +135,7 @@ class PushSink:
         self._abort = threading.Event()
         self._failed: Optional[AvatarRenderError] = None
         self._lost = False  # (sink thread) the connection is down: the writer's fragments are dropped
-        self._conn: Optional[Connection] = None
+        self._conn: Optional[Sender] = None
         self._thread: Optional[threading.Thread] = None
         self._tracks: Optional[Tracks] = None
         self._filler: Optional[Filler] = None

@@ -14,7 +14,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Collection, Optional
 
 from avatar_render.errors import AvatarRenderError
 
@@ -28,10 +28,13 @@ def _static(name: str) -> bytes:
 
 class WatchServer:
     """Serves ``folder``'s playlist ``playlist`` and its segments under /live/, the page at /, the
-    progress at /status.json. ``last_request`` (time.monotonic()) tells whether anyone is watching."""
+    progress at /status.json. Only the names ``served()`` gives at the time of the request are handed
+    out (the files the render wrote and listed): anything else in the folder is not found.
+    ``last_request`` (time.monotonic()) tells whether anyone is watching."""
 
-    def __init__(self, host: str, port: int, folder: Path, playlist: str) -> None:
-        self.folder, self.playlist = Path(folder), playlist
+    def __init__(self, host: str, port: int, folder: Path, playlist: str, *,
+                 served: Callable[[], Collection[str]]) -> None:
+        self.folder, self.playlist, self.served = Path(folder), playlist, served
         self.status: dict = {"state": "starting", "chunks": 0, "frames": 0, "frames_total": None,
                              "generated_fps": 0.0, "realtime_factor": 0.0, "eta_s": None}
         self.last_request: Optional[float] = None
@@ -50,9 +53,10 @@ class WatchServer:
                 elif path in files:
                     self._reply(*files[path], cache=True)
                 elif path == "/status.json":
-                    ready = (server.folder / server.playlist).is_file()  # the player starts once it is there
+                    ready = server.playlist in server.served()  # the player starts once it is there
                     self._reply(json.dumps({**server.status, "playlist": ready}).encode(), "application/json")
-                elif path.startswith("/live/") and _NAME.match(path[6:]) and Path(path[6:]).suffix in _TYPES:
+                elif (path.startswith("/live/") and _NAME.match(path[6:]) and Path(path[6:]).suffix in _TYPES
+                      and path[6:] in server.served()):
                     try:
                         body = (server.folder / path[6:]).read_bytes()
                     except OSError:
