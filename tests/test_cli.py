@@ -58,7 +58,7 @@ def test_bad_inputs(tmp_path, face_png, speech):
         (("--ref", face_png, "--audio", tmp_path / "missing.wav", "-o", tmp_path / "e.mp4"), "missing.wav"),
         (("--ref", face_png, "--audio", speech, "-o", blocker / "f.mp4"), "file"),
         (("--ref", face_png, "--audio", speech, "-o", tmp_path / "g.avi"), ".mp4"),
-        (("--ref", face_png, "--audio", speech, "-o", tmp_path), "directory"),
+        (("--ref", face_png, "--audio", speech, "-o", tmp_path), "folder"),
         (("--ref", face_png, "--audio", speech, "-o", tmp_path / "h.mp4", "preview.fsp=3"), "preview.fsp"),
         (("--ref", face_png, "--audio", speech, "-o", tmp_path / "i.mp4", "video.width=wide"), "video.width"),
         (("--ref", face_png, "--audio", speech, "-o", tmp_path / "j.mp4", "preview.fps=0"), "preview.fps"),
