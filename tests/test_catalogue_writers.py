@@ -6,7 +6,6 @@ and nothing is written where the user did not ask for it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -21,27 +20,12 @@ from typer.testing import CliRunner
 from avatar_render.batch.ledger import batch_dir
 from avatar_render.cli import app
 from avatar_render.io.live.server import WatchServer
+from tests.folders import snapshot
 from tests.media import speech_like, write_audio
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("video.width=48", "video.height=48", "chunk.chunk_frames=10", "chunk.transition_frames=4",
         "video.gop_seconds=0.4")
-
-
-def tree(folder: Path) -> dict[str, tuple]:
-    """Every entry under ``folder`` without following links: links by target, files by content."""
-    out = {}
-    for root, dirs, files in os.walk(folder):
-        for name in dirs + files:
-            p = Path(root) / name
-            rel = str(p.relative_to(folder))
-            if p.is_symlink():
-                out[rel] = ("link", os.readlink(p))
-            elif p.is_dir():
-                out[rel] = ("dir",)
-            else:
-                out[rel] = (hashlib.sha256(p.read_bytes()).hexdigest(),)
-    return out
 
 
 def cli(*args: str):
@@ -75,18 +59,18 @@ def render(d: Path, *args: str):
 @pytest.mark.parametrize("theirs", ["live-init.mp4", "live-000000000.m4s", "live-000000010.m4s"])
 def test_hls_never_replaces_a_users_file_of_its_names(d, theirs):
     (d / "hls" / theirs).write_bytes(b"somebody's file")
-    before = tree(d)
+    before = snapshot(d)
     refused(render(d, "-o", str(d / "out.mp4"), "--live", str(d / "hls" / "live.m3u8")), "is in the way")
-    assert tree(d) == before
+    assert snapshot(d) == before
 
 
 def test_hls_force_replaces_only_what_its_playlist_lists(d):
     playlist = d / "hls" / "live.m3u8"
     assert render(d, "--live", str(playlist)).exit_code == 0
     (d / "hls" / "live-000000999.m4s").write_bytes(b"not listed: somebody's")
-    before = tree(d)
+    before = snapshot(d)
     refused(render(d, "--live", str(playlist), "--force"), "live-000000999.m4s' is in the way")
-    assert tree(d) == before
+    assert snapshot(d) == before
     (d / "hls" / "live-000000999.m4s").unlink()
     assert render(d, "--live", str(playlist), "--force").exit_code == 0  # its own files: replaced
 
@@ -108,11 +92,11 @@ def test_hls_segment_names_are_checked_against_the_inputs(d):
     audio = d / "hls" / "live-000000000.m4s"
     write_audio(d / "speech.wav", speech_like(0.8, 16000), 16000)
     audio.write_bytes((d / "speech.wav").read_bytes())
-    before = tree(d)
+    before = snapshot(d)
     result = cli("render", "--ref", str(d / "face.png"), "--audio", str(audio), "--live", str(d / "hls" / "live.m3u8"),
                  *TINY, "-q")
     refused(result, "is the audio file")
-    assert tree(d) == before
+    assert snapshot(d) == before
 
 
 # -- the watch server: only what the render wrote and listed ----------------------------------------
@@ -192,9 +176,9 @@ def test_inspect_refuses_before_reading_a_frame(d, video, args, words):
     (d / "notes.json").write_text('{"mine": true}\n')
     (d / "photo.png").write_bytes((d / "face.png").read_bytes())
     (d / "a.mp4").write_bytes(video.read_bytes())
-    before = tree(d)
+    before = snapshot(d)
     refused(cli("inspect", str(d / "a.mp4"), *(a.format(v=d / "a.mp4", d=d) for a in args)), words)
-    assert tree(d) == before
+    assert snapshot(d) == before
 
 
 def test_inspect_replaces_its_own_files_and_others_only_with_force(d, video):
@@ -215,10 +199,10 @@ def test_inspect_replaces_its_own_files_and_others_only_with_force(d, video):
                                               ("inf", "up to 86400"), ("1000000", "up to 86400"),
                                               ("-1", "positive"), ("1,nan", "positive")])
 def test_bench_refuses_durations_before_writing_anything(d, durations, words):
-    before = tree(d)
+    before = snapshot(d)
     refused(cli("bench", "--durations", durations, "--ref", str(d / "face.png"), "--speech", str(d / "talk.wav"),
                 "--out", str(d / "results")), words)
-    assert tree(d) == before
+    assert snapshot(d) == before
 
 
 @pytest.mark.parametrize("args, words", [
@@ -232,12 +216,12 @@ def test_bench_refuses_durations_before_writing_anything(d, durations, words):
 def test_bench_refuses_before_its_first_render(d, args, words):
     (d / "notes.json").write_text('{"mine": true}\n')
     (d / "results").mkdir()
-    before = tree(d)
+    before = snapshot(d)
     base = {"--ref": str(d / "face.png"), "--speech": str(d / "talk.wav"), "--out": str(d / "results")}
     given = [a.format(d=d) for a in args]
     rest = [x for k, v in base.items() if k not in given for x in (k, v)]
     refused(cli("bench", "--durations", "1", "--sizes", "48x48", *rest, *given), words)
-    assert tree(d) == before
+    assert snapshot(d) == before
 
 
 def test_bench_leaves_no_audio_behind_when_a_render_fails(d, monkeypatch):
@@ -279,9 +263,9 @@ def jobs(d):
 ])
 def test_batch_outputs_stay_inside_the_output_folder(jobs, output, words, force):
     manifest = _manifest(jobs, ["ref,audio,output", f"in/a.png,in/a.wav,{output.format(d=jobs)}"])
-    before = tree(jobs)
+    before = snapshot(jobs)
     refused(cli("batch", str(manifest), "--out", str(jobs / "out"), *(["--force"] if force else [])), words)
-    assert tree(jobs) == before
+    assert snapshot(jobs) == before
 
 
 def test_batch_never_writes_one_jobs_render_over_another_jobs_input(jobs):
@@ -289,10 +273,10 @@ def test_batch_never_writes_one_jobs_render_over_another_jobs_input(jobs):
     (jobs / "in" / "b.mp4").write_bytes(b"a video reference")
     manifest = _manifest(jobs, ["ref,audio,output", "a.png,a.wav,x.mp4", "b.mp4,a.wav,y.mp4", "a.png,a.wav,b.mp4"],
                          name="in/jobs.csv")
-    before = tree(jobs)
+    before = snapshot(jobs)
     line = refused(cli("batch", str(manifest), "--out", str(jobs / "in"), "--force"), "is the reference of")
     assert "jobs.csv line 4" in line and "jobs.csv line 3" in line
-    assert tree(jobs) == before
+    assert snapshot(jobs) == before
 
 
 @pytest.mark.parametrize("make, words", [
@@ -312,10 +296,10 @@ def test_batch_manifest_cells_are_one_sentence(jobs, make, words):
         "not valid JSON": '{"ref": "in/a.png", "audio": ',
     }
     manifest = _manifest(jobs, [rows[words]], name="jobs.jsonl")
-    before = tree(jobs)
+    before = snapshot(jobs)
     line = refused(cli("batch", str(manifest), "--out", str(jobs / "out")), words)
     assert "jobs.jsonl line 1" in line
-    assert tree(jobs) == before
+    assert snapshot(jobs) == before
 
 
 @pytest.mark.parametrize("cell, words", [("x" * 210_000, "line 2: not a readable CSV row"),
@@ -338,18 +322,18 @@ def test_a_batch_folder_that_is_not_ours_is_refused(jobs):
     manifest = _manifest(jobs, ["ref,audio", "in/a.png,in/a.wav"])
     (jobs / "out" / ".batch").mkdir(parents=True)
     (jobs / "out" / ".batch" / "mine.txt").write_text("somebody's")
-    before = tree(jobs)
+    before = snapshot(jobs)
     refused(cli("batch", str(manifest), "--out", str(jobs / "out")), "not made by it")
-    assert tree(jobs) == before
+    assert snapshot(jobs) == before
 
 
 def test_a_summary_that_is_not_ours_needs_force(jobs):
     manifest = _manifest(jobs, ["ref,audio", "in/a.png,in/a.wav"])
     (jobs / "out").mkdir()
     (jobs / "out" / "batch-summary.html").write_text("<p>my page</p>")
-    before = tree(jobs)
+    before = snapshot(jobs)
     refused(cli("batch", str(manifest), "--out", str(jobs / "out")), "batch-summary.html' already exists")
-    assert tree(jobs) == before
+    assert snapshot(jobs) == before
 
 
 @pytest.mark.slow
@@ -418,23 +402,23 @@ def test_a_300_byte_output_name_is_one_sentence(d):
 
 
 def test_an_output_folder_that_does_not_exist_is_not_made(d):
-    before = tree(d)
+    before = snapshot(d)
     refused(render(d, "-o", str(d / "missing" / "deeper" / "x.mp4")), "does not exist (create it first)")
-    assert tree(d) == before
+    assert snapshot(d) == before
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
 def test_a_report_where_nothing_can_be_written_is_refused_before_the_render(d):
-    before = tree(d)
+    before = snapshot(d)
     refused(render(d, "-o", str(d / "out.mp4"), "--report", "/proc/report.json"), "cannot take a new file")
-    assert tree(d) == before
+    assert snapshot(d) == before
 
 
 def test_a_report_replaces_only_a_report(d):
     (d / "notes.json").write_text('{"mine": true}\n')
-    before = tree(d)
+    before = snapshot(d)
     refused(render(d, "-o", str(d / "out.mp4"), "--report", str(d / "notes.json")), "was not written by avatar-render")
-    assert tree(d) == before
+    assert snapshot(d) == before
     assert render(d, "-o", str(d / "a.mp4"), "--report", str(d / "r.json")).exit_code == 0
     assert render(d, "-o", str(d / "b.mp4"), "--report", str(d / "r.json")).exit_code == 0  # its own: replaced
     assert json.loads((d / "r.json").read_text())["output"].endswith("b.mp4")

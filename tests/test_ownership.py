@@ -4,7 +4,6 @@ partial file or journal folder, its own inputs and awkward output names are refu
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -16,27 +15,12 @@ from typer.testing import CliRunner
 
 from avatar_render.cli import app
 from avatar_render.job.journal import MARKER
+from tests.folders import snapshot
 from tests.media import speech_like, write_audio
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("video.width=48", "video.height=48", "chunk.chunk_frames=10", "chunk.transition_frames=4",
         "video.gop_seconds=0.4", "-q")
-
-
-def state(folder: Path) -> dict[str, tuple]:
-    """Every entry under ``folder`` without following links: links by target, files by content and mtime."""
-    out = {}
-    for root, dirs, files in os.walk(folder):
-        for name in dirs + files:
-            p = Path(root) / name
-            rel = str(p.relative_to(folder))
-            if p.is_symlink():
-                out[rel] = ("link", os.readlink(p))
-            elif p.is_dir():
-                out[rel] = ("dir",)
-            else:
-                out[rel] = (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-    return out
 
 
 @pytest.fixture()
@@ -120,10 +104,10 @@ CASES = {  # name: (set-up of the folder, extra CLI arguments, words of the one 
 def test_refused_and_nothing_touched(d, case):
     setup, extra, words = CASES[case]
     setup(d)
-    before = state(d)
+    before = snapshot(d, mtimes=True)
     result = render(d, *(a.format(d=d) for a in extra))
     refused(result, words)
-    assert state(d) == before
+    assert snapshot(d, mtimes=True) == before
     no_complete_output(d)
 
 
