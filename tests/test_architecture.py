@@ -83,14 +83,30 @@ def test_imports_point_down_the_layers():
     assert not upward, "imports that do not point down: " + ", ".join(upward)
 
 
-def test_the_check_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
-    """The two checks above can fail: a made-up package with both faults."""
+# Rooms that must not know some lower rooms although the layers allow it: a network does not know how it is
+# split over processes or streamed; the backend asks ``distributed`` for that and applies it from outside.
+UNKNOWN = {"models": ("distributed",)}
+
+
+def test_models_know_nothing_of_processes():
+    g = graph()
+    seen = [f"{a} -> {b}" for a, targets in sorted(g.items()) for b in sorted(targets)
+            if room(b) in UNKNOWN.get(room(a), ())]
+    assert not seen, "imports the design keeps out: " + ", ".join(seen)
+
+
+def test_the_checks_see_a_cycle_an_upward_import_and_a_model_knowing_processes(tmp_path, monkeypatch):
+    """The checks above can fail: a made-up package with each fault."""
     fake = tmp_path / "avatar_render"
     (fake / "io").mkdir(parents=True)
     (fake / "io" / "__init__.py").write_text("")
     (fake / "io" / "a.py").write_text("def f():\n    from avatar_render.io.b import g\n")
     (fake / "io" / "b.py").write_text("from avatar_render.io import a\nfrom avatar_render.api import render\n")
     (fake / "api.py").write_text("")
+    (fake / "models").mkdir()
+    (fake / "models" / "net.py").write_text("from avatar_render.distributed.mesh import Mesh\n")
+    (fake / "distributed").mkdir()
+    (fake / "distributed" / "mesh.py").write_text("")
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", fake)
     g = graph()
     assert "avatar_render.io.a" in g["avatar_render.io.b"] and "avatar_render.io.b" in g["avatar_render.io.a"]
@@ -100,6 +116,12 @@ def test_the_check_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
         assert "avatar_render.io.b -> avatar_render.api" in str(e)
     else:
         raise AssertionError("the upward import was not seen")
+    try:
+        test_models_know_nothing_of_processes()
+    except AssertionError as e:
+        assert "avatar_render.models.net -> avatar_render.distributed.mesh" in str(e)
+    else:
+        raise AssertionError("the model importing distributed was not seen")
     try:
         test_the_package_has_no_import_cycle()
     except AssertionError as e:

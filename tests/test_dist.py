@@ -266,7 +266,8 @@ SHARDED_READ = textwrap.dedent('''
     import avatar_render.models.checkpoints as ck
     from avatar_render.config import load_config
     from avatar_render.distributed.launch import session
-    from avatar_render.distributed.parallelize import dit_plan, local_numel, text_plan
+    from avatar_render.distributed.parallelize import local_numel
+    from avatar_render.infinitetalk.parallel import dit_plan, text_plan
     from avatar_render.infinitetalk.components import make_components
 
     seen, read = [], ck.load_into

@@ -9,15 +9,10 @@ live in host memory (pinned when a GPU exists) between forwards.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Callable, Optional
 
-import torch
 from torch import nn
 
-from avatar_render.config import DistConfig
 from avatar_render.distributed.mesh import Mesh
-from avatar_render.distributed.sequence_parallel import apply_sequence_parallel
 
 
 def shard(net: nn.Module, blocks: Sequence[nn.Module], mesh: Mesh, *, offload: bool = False, prefetch: int = 1) -> None:
@@ -43,50 +38,3 @@ def local_numel(net: nn.Module) -> tuple[int, int]:
         total += p.numel()
         mine += p.to_local().numel() if isinstance(p, DTensor) else p.numel()
     return mine, total
-
-
-@dataclass(frozen=True)
-class DiTPlan:
-    """What to do to the DiT on this mesh (``apply``, on the meta-device or the loaded model) and,
-    when it shards the parameters, where this process keeps its shards (``home``)."""
-
-    apply: Callable[[nn.Module], None]
-    home: Optional[torch.device]  # None: not sharded (every process holds the whole DiT)
-
-
-def dit_plan(dist_cfg: DistConfig, mesh: Mesh) -> Optional[DiTPlan]:
-    """What to do to the DiT on this mesh (None in a single process)."""
-    if not mesh.distributed:
-        return None
-    offload = dist_cfg.offload.get("dit") == "offloaded"
-
-    def apply(net: nn.Module) -> None:
-        if mesh.sp > 1:
-            apply_sequence_parallel(net, net.sp_plan, mesh.group("sp"), heads=net.config.num_heads)
-        if dist_cfg.fsdp:
-            shard(net, list(net.blocks), mesh, offload=offload, prefetch=dist_cfg.prefetch_blocks)
-
-    home = (torch.device("cpu") if offload else mesh.device) if dist_cfg.fsdp else None
-    return DiTPlan(apply=apply, home=home)
-
-
-def text_plan(dist_cfg: DistConfig, mesh: Mesh) -> Optional[Callable[[nn.Module], None]]:
-    """Shard the umT5 text encoder like the DiT (each block, then the root) when ``dist.fsdp``: it runs
-    once per request, and afterwards each process keeps 1/N of its 5.7 B parameters instead of all."""
-    if not mesh.distributed or not dist_cfg.fsdp:
-        return None
-    return lambda net: shard(net, list(net.encoder.block), mesh, prefetch=dist_cfg.prefetch_blocks)
-
-
-def local_piece(param: torch.Tensor, full: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    """(this process's local tensor of the sharded parameter ``param``, the same piece of ``full``),
-    or None when this process holds none of it. ``param`` is a DTensor sharded on one dimension
-    (FSDP2 splits with ``torch.chunk``); ``full`` has the parameter's whole shape."""
-    (placement,) = param.placements
-    mesh = param.device_mesh
-    pieces = full.chunk(mesh.size(), dim=placement.dim)
-    i = mesh.get_local_rank()
-    local = param.to_local()  # a view of the shard's storage
-    if i >= len(pieces) or not local.numel():
-        return None
-    return local, pieces[i]

@@ -13,9 +13,8 @@ from torch import nn
 
 from avatar_render.config import ModelConfig
 from avatar_render.distributed.mesh import require_cuda
-from avatar_render.distributed.parallelize import DiTPlan
-from avatar_render.distributed.streaming import BlockStreamer
 from avatar_render.errors import AvatarRenderError
+from avatar_render.infinitetalk.parallel import DiTPlan, block_stream
 from avatar_render.models.audio_encoder import TINY_WAV2VEC2, AudioEncoder
 from avatar_render.models.checkpoints import (
     find_audio_module,
@@ -33,7 +32,7 @@ from avatar_render.models.dit_speed import DiTSpeed, GraphedCalls, apply_speed, 
 from avatar_render.models.image_encoder import ImageEncoder, ImageEncoderConfig
 from avatar_render.models.text_encoder import TextEncoder, TextEncoderConfig
 from avatar_render.models.vae import VaeConfig, WanVae
-from avatar_render.models.weights import StreamedBlocksModule
+from avatar_render.models.weights import StreamedBlocksModule, StreamPlan
 
 WAV2VEC_DIR = "chinese-wav2vec2-base"  # the audio encoder the family uses, beside or inside the model folder
 
@@ -47,13 +46,12 @@ class DiTModule(StreamedBlocksModule):
     def __init__(self, config: DiTConfig, *, root: Optional[Path], audio_module: Optional[Path],
                  loras: tuple[tuple[Path, float], ...] = (), device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                 parallel: Optional[DiTPlan] = None, stream_blocks: int = 0, speed: DiTSpeed = DiTSpeed()) -> None:
+                 parallel: Optional[DiTPlan] = None, stream: Optional[StreamPlan] = None,
+                 speed: DiTSpeed = DiTSpeed()) -> None:
         super().__init__(device=device, dtype=dtype, seed=seed, shard=parallel.apply if parallel else None)
         self.config, self.root, self.audio_module, self.loras = config, root, audio_module, loras
         self.plan = parallel  # how the DiT is split across processes (dist.parallelize)
-        self.stream_blocks = stream_blocks if parallel is None else 0  # >0: blocks in pinned host memory, this many
-        #   ahead
-        self.streamer: Optional[BlockStreamer] = None
+        self.stream_plan = stream if parallel is None else None  # blocks in pinned host memory, brought in ahead
         self.speed = speed  # the throughput levers (models/dit_speed.py)
         self._attention = attention_context(speed.attention)
         self._graphed: Optional[GraphedCalls] = None
@@ -68,8 +66,8 @@ class DiTModule(StreamedBlocksModule):
             self.net = self._sharded_from_files(self.plan)
         else:
             super()._load()
-        if self.stream_blocks:
-            self.stream(self.net.blocks, self.net, ahead=self.stream_blocks)
+        if self.stream_plan is not None:
+            self.stream(self.net.blocks, self.net)
         apply_speed(self.net, self.speed)
 
     def predict(self, x: torch.Tensor, t: torch.Tensor, context: Optional[torch.Tensor],
@@ -118,7 +116,7 @@ class DiTModule(StreamedBlocksModule):
     def read_weights(self, net: nn.Module) -> None:
         # Resident in one process: each tensor straight from the file's memory map to its device (no host
         # copy on the way). Sharded or streamed: to the host, where the shards or the block streamer take them.
-        to = self.device if self.plan is None and not self.stream_blocks else "cpu"
+        to = self.device if self.plan is None and self.stream_plan is None else "cpu"
         read_dit_weights(net, self.root, audio=self.audio_module, dtype=self.dtype, loras=self.loras, device=to)
 
     @property
@@ -194,7 +192,7 @@ def make_components(m: ModelConfig, *, seed: int, parallel: Optional[DiTPlan] = 
     kw = dict(device=device, seed=seed)
     return Components(
         dit=DiTModule(dit_cfg, root=root, audio_module=audio_module, loras=loras, dtype=dtype, parallel=parallel,
-                      stream_blocks=stream_dit, speed=speed, **kw),
+                      stream=block_stream(stream_dit), speed=speed, **kw),
         vae=WanVae(vae_cfg, path=root, dtype=getattr(torch, m.vae_dtype), **kw),
         text=TextEncoder(text_cfg, path=root, dtype=dtype if device.type == "cuda" else torch.float32,
                          shard=text_shard, **kw),

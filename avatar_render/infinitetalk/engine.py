@@ -7,10 +7,10 @@ from contextlib import nullcontext
 from avatar_render.config import Config
 from avatar_render.distributed.cfg_parallel import spare_replicas, split_passes
 from avatar_render.distributed.mesh import Mesh
-from avatar_render.distributed.parallelize import dit_plan, text_plan
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.a2v import A2VStage
 from avatar_render.infinitetalk.components import architectures, make_components
+from avatar_render.infinitetalk.parallel import dit_plan, text_plan
 from avatar_render.infinitetalk.publish import build_publish, publish_notes
 from avatar_render.infinitetalk.stages import AUDIO_MARGIN_S, AudioContext, ModelInit, reference_lead, side_stream
 from avatar_render.models.grid import TIME_STRIDE, frames_in, latents_in

@@ -12,6 +12,7 @@ from torch import nn
 
 from avatar_render.config import ModelConfig
 from avatar_render.errors import AvatarRenderError
+from avatar_render.infinitetalk.parallel import block_stream
 from avatar_render.models.sr.swiftvr import ReaeModule, SwiftDiTModule, config_for
 from avatar_render.models.sr.vae2x import Upscale2xVae, vae2x_config
 
@@ -59,7 +60,7 @@ def make_sr_components(m: ModelConfig, *, seed: int, device: torch.device,
         dtype = getattr(torch, m.dtype)
         reae = ReaeModule(reae_cfg, root=root, device=device, dtype=dtype, seed=seed + 12)
         dit = SwiftDiTModule(dit_cfg, root=root, device=device, dtype=dtype, seed=seed + 13, shard=shard_dit,
-                             stream_blocks=stream_dit)
+                             stream=block_stream(stream_dit))
     return SRComponents(vae2x=vae2x, reae=reae, dit=dit)
 
 

@@ -39,7 +39,7 @@ from avatar_render.models.dit_names import (
     is_diffusers_name,
 )
 from avatar_render.models.lora import merge_lora
-from avatar_render.models.weights import is_sharded
+from avatar_render.models.weights import is_sharded, local_piece
 
 INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
 SINGLE_NAME = "diffusion_pytorch_model.safetensors"
@@ -163,8 +163,6 @@ def load_into(
     casting overlap across files). Each tensor is read from the file's memory map straight to ``device``
     (no host copy of its own on the way to a GPU). Parameters already sharded across processes
     (DTensors) receive this process's piece alone: a slice of the map, so only its pages are read."""
-    from avatar_render.distributed.parallelize import local_piece
-
     device = torch.device(device)
     # (a 2-core host reads one at a time)
     workers = max(1, min(8, (os.cpu_count() or 1) // 2)) if workers is None else workers

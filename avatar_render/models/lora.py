@@ -24,7 +24,7 @@ from torch import nn
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.models.dit_names import native_to_diffusers
-from avatar_render.models.weights import is_sharded
+from avatar_render.models.weights import is_sharded, local_piece
 
 _PREFIX = re.compile(r"^(model\.diffusion_model\.|diffusion_model\.|transformer\.|base_model\.model\.|lora_unet_)")
 _KEY = re.compile(
@@ -79,8 +79,6 @@ def _group_keys(path: Path, keys: list[str], lookup: dict[str, str]) -> dict[str
 
 def _add(param: nn.Parameter, delta: torch.Tensor) -> None:
     if is_sharded(param):  # split across processes: add this process's piece of the update
-        from avatar_render.distributed.parallelize import local_piece
-
         if (pair := local_piece(param, delta)) is not None:
             local, piece = pair
             local.copy_((local.float() + piece.to(local.device, torch.float32)).to(local.dtype))

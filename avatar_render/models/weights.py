@@ -12,11 +12,11 @@ import threading
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Optional, Protocol
 
 import torch
 from torch import nn
 
-from avatar_render.distributed.streaming import BlockStreamer
 from avatar_render.errors import AvatarRenderError
 from avatar_render.pipeline.module import Module, Placement
 
@@ -160,6 +160,20 @@ def is_sharded(t: torch.Tensor) -> bool:
     return isinstance(t, DTensor)
 
 
+def local_piece(param: torch.Tensor, full: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(this process's local tensor of the sharded parameter ``param``, the same piece of ``full``),
+    or None when this process holds none of it. ``param`` is a DTensor sharded on one dimension
+    (FSDP2 splits with ``torch.chunk``); ``full`` has the parameter's whole shape."""
+    (placement,) = param.placements
+    mesh = param.device_mesh
+    pieces = full.chunk(mesh.size(), dim=placement.dim)
+    i = mesh.get_local_rank()
+    local = param.to_local()  # a view of the shard's storage
+    if i >= len(pieces) or not local.numel():
+        return None
+    return local, pieces[i]
+
+
 def _assign(net: nn.Module, names: list[str], tensor: torch.Tensor) -> None:
     param = None
     for name in names:
@@ -277,16 +291,27 @@ class TorchModule(Module):
         return sum(p.numel() for p in self.net.parameters())
 
 
+class BlockStream(Protocol):
+    """Blocks kept off the device and brought to it ahead of their forwards (applied from outside)."""
+
+    def prefetch(self) -> None: ...
+
+
+StreamPlan = Callable[[Sequence[nn.Module], torch.device], BlockStream]  # (blocks, device) -> their stream
+
+
 class StreamedBlocksModule(TorchModule):
     """A TorchModule whose transformer blocks may live in pinned host memory, each copied to the device
-    a few blocks ahead of its forward (``stream`` sets it up once the weights are read); everything else
-    stays on the device."""
+    a few blocks ahead of its forward (``stream`` applies the ``stream_plan`` its maker gave, once the
+    weights are read); everything else stays on the device."""
 
-    streamer: BlockStreamer | None = None
+    stream_plan: StreamPlan | None = None
+    streamer: BlockStream | None = None
 
-    def stream(self, blocks: nn.ModuleList, rest: nn.Module, *, ahead: int) -> None:
+    def stream(self, blocks: nn.ModuleList, rest: nn.Module) -> None:
         """Stream ``blocks``; move the other children of ``rest`` to the device."""
-        self.streamer = BlockStreamer(blocks, self.device, ahead=ahead)
+        assert self.stream_plan is not None
+        self.streamer = self.stream_plan(blocks, self.device)
         for name, child in rest.named_children():
             if name != "blocks":
                 nn.Module.to(child, self.device)

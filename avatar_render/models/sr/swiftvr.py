@@ -17,12 +17,12 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from avatar_render.distributed.streaming import BlockStreamer
 from avatar_render.errors import AvatarRenderError
 from avatar_render.models.sr.reae import Reae, ReaeConfig
 from avatar_render.models.sr.swiftvr_dit import SwiftDiTConfig, SwiftVRDiT, fp32_island
 from avatar_render.models.weights import (
     StreamedBlocksModule,
+    StreamPlan,
     TorchModule,
     by_table,
     load_checkpoint,
@@ -65,20 +65,19 @@ class ReaeModule(TorchModule):
 
 
 class SwiftDiTModule(StreamedBlocksModule):
-    """The one-step DiT and the prompt embedding it is conditioned on. ``stream_blocks`` > 0 keeps its
-    blocks in pinned host memory, each copied to the device that many blocks ahead (as the A2V DiT's
-    ``dist.offload.dit=offloaded``); ``shard`` splits it across the processes of a launch (FSDP2)."""
+    """The one-step DiT and the prompt embedding it is conditioned on. ``stream`` keeps its blocks off
+    the device, each brought there ahead of its forward (as the A2V DiT's ``dist.offload.dit=offloaded``);
+    ``shard`` splits it across the processes of a launch (FSDP2). Both are applied from outside."""
 
     name = "sr_dit"
     what = "SwiftVR DiT"
 
     def __init__(self, config: SwiftDiTConfig = SwiftDiTConfig(), *, root: Optional[Path] = None,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                 shard: Optional[Callable[[nn.Module], None]] = None, stream_blocks: int = 0) -> None:
+                 shard: Optional[Callable[[nn.Module], None]] = None, stream: Optional[StreamPlan] = None) -> None:
         super().__init__(device=device, dtype=dtype, seed=seed, shard=shard)
         self.config, self.root = config, root
-        self.stream_blocks = 0 if shard is not None else stream_blocks
-        self.streamer: Optional[BlockStreamer] = None
+        self.stream_plan = None if shard is not None else stream
         self.prompt: Optional[torch.Tensor] = None  # [L, text_dim]
 
     def transformer_files(self) -> list[Path]:
@@ -103,8 +102,8 @@ class SwiftDiTModule(StreamedBlocksModule):
             g = torch.Generator().manual_seed(self.seed + 1)
             self.prompt = torch.randn(self.config.prompt_tokens, self.config.text_dim, generator=g).to(
                 self.device, self.dtype)
-        if self.stream_blocks:
-            self.stream(self.net.blocks, self.net.transformer, ahead=self.stream_blocks)
+        if self.stream_plan is not None:
+            self.stream(self.net.blocks, self.net.transformer)
 
     def read_weights(self, net: nn.Module) -> None:
         names = set(net.state_dict())
