@@ -13,6 +13,7 @@ run the same chunk loop (their share of the models' work) and drop their frames;
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial as bind
 from pathlib import Path
 from typing import Callable, Optional
@@ -49,7 +50,7 @@ def render(
         # A render found finished (killed while being moved into place) needs no chunk loop: every process hears so.
         finished = broadcast(mesh, finished_render(request, say) if mesh.is_writer else None)
         if finished is not None:
-            return finished
+            return dataclasses.replace(finished, processes=mesh.world)
         if not mesh.is_writer:
             follow(cfg, Path(request.reference), Path(request.audio), mesh)
             return broadcast(mesh, None)
@@ -63,4 +64,4 @@ def render(
         finally:
             if own:
                 telemetry.close()
-        return broadcast(mesh, report)
+        return broadcast(mesh, dataclasses.replace(report, processes=mesh.world))

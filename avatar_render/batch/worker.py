@@ -70,8 +70,7 @@ def run_job(spec: JobSpec, *, emit: Emit, should_stop: Optional[Callable[[], boo
     except Exception as e:  # noqa: BLE001 - a job's bug must not take the batch down
         traceback.print_exc()
         return {"event": "failed", "reason": f"Unexpected internal error ({type(e).__name__}: {e})."}
-    processes = int(os.environ.get("WORLD_SIZE", "1"))  # (set by torchrun)
-    return {"event": "done", "report": dataclasses.asdict(report), "processes": processes}
+    return {"event": "done", "report": dataclasses.asdict(report), "processes": report.processes}
 
 
 def _for_batch(message: str) -> str:

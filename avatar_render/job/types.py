@@ -72,5 +72,6 @@ class RenderReport:
     peak_rss_mb: float
     stage_s: dict[str, float]
     resumed_frames: int = 0  # frames taken over from an interrupted run (not counted in the speeds)
+    processes: int = 1  # of the launch that made it (torchrun)
     peak_gpu_mb: Optional[float] = None  # GPU memory allocated at the peak (this process), None without a GPU
     live: Optional[dict] = None  # per live target: first frame out (s from the inputs being ready), stalls, drops, CPU
