@@ -17,6 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Column, Table
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.progress import Figures, Ticker, done_record
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Render long talking-avatar videos from a reference image and an audio track.")
@@ -26,15 +27,31 @@ ConfigOpt = Annotated[Optional[Path], typer.Option(
 OverridesArg = Annotated[Optional[list[str]], typer.Argument(
     help="Config overrides, key=value (e.g. preview.fps=30).", show_default=False)]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the full traceback of unexpected errors.")]
+ProgressOpt = Annotated[str, typer.Option(
+    "--progress", metavar="auto|bar|lines|json|none",
+    help="How progress is shown: auto (a bar on a terminal, else a line every --progress-every seconds), bar, "
+         "lines, json (one JSON object per line on standard output, the end's figures last) or none.")]
+ProgressEveryOpt = Annotated[float, typer.Option(
+    "--progress-every", metavar="SECONDS", min=0, help="Seconds between two progress lines (lines, json).")]
 
 
 class Out:
     """All terminal output: human text on stdout (on stderr when stdout carries a video), errors on stderr."""
 
-    def __init__(self, *, quiet: bool = False, stdout_is_video: bool = False) -> None:
-        self.console = Console(highlight=False, stderr=stdout_is_video)
+    def __init__(self, *, quiet: bool = False, stdout_is_video: bool = False, stdout_is_json: bool = False) -> None:
+        self.console = Console(highlight=False, stderr=stdout_is_video or stdout_is_json)
         self.err = Console(stderr=True, highlight=False)
         self.quiet = quiet
+        self.data_file = sys.stderr if stdout_is_video else sys.stdout  # JSON lines for scripts
+
+    def data(self, text: str) -> None:
+        """One line for a program to read (JSON progress), unstyled and unwrapped."""
+        self.data_file.write(text + "\n")
+        self.data_file.flush()
+
+    def line(self, text: str) -> None:
+        """One plain line of a log (progress without a terminal), never wrapped."""
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def info(self, text: str) -> None:
         if not self.quiet:
@@ -123,6 +140,8 @@ def render(
         "--serve-linger", metavar="SECONDS", help="--serve: after the render, keep serving while the page was open "
                                                   "this recently (0: stop at once).")] = 10.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
+    progress: ProgressOpt = "auto",
+    progress_every: ProgressEveryOpt = 5.0,
     debug: DebugOpt = False,
 ) -> None:
     """Render a talking-avatar MP4, written while it is generated, and publish it live with --live or
@@ -131,7 +150,9 @@ def render(
     from avatar_render.distributed.launch import is_writer_process
 
     # under torchrun only process 0 reports progress (and publishes)
-    out = Out(quiet=quiet or not is_writer_process(), stdout_is_video="-" in (live or ()))
+    out = Out(quiet=quiet or not is_writer_process(), stdout_is_video="-" in (live or ()),
+              stdout_is_json=progress == "json")
+    shown = progress_choice(progress, quiet=out.quiet, terminal=out.console.is_terminal)
 
     def run() -> None:
         from avatar_render.api import RenderRequest
@@ -150,7 +171,7 @@ def render(
         stopping = StopSignals(
             on_first=lambda _: out.warn("stopping at the next keyframe; press Ctrl-C again to stop at once."))
         try:
-            with stopping, _progress(out) as on_progress:
+            with stopping, _progress(out, shown, progress_every) as on_progress:
                 result = render_video(request, on_progress=on_progress, on_message=on_message, should_stop=stopping)
         except RenderStopped as stopped:
             out.warn(str(stopped))
@@ -158,6 +179,8 @@ def render(
         except StopNow:  # a second signal outside the chunk loop
             out.warn("Stopped at once.")
             raise typer.Exit(stopping.exit_code) from None
+        if shown == "json":
+            out.data(done_record(result))
         out.info(
             f"{'Wrote' if output is not None else 'Streamed'} {result.output}: {result.duration_s:.2f} s, "
             f"{result.frames} frames at {result.fps:g} fps, "
@@ -170,16 +193,37 @@ def render(
     _guard(out, debug, run)
 
 
-class _progress:
-    """Context manager giving an on_progress callback that drives a rich progress bar."""
+def progress_choice(choice: str, *, quiet: bool, terminal: bool) -> Optional[str]:
+    """bar, lines, json, or None for no progress; auto: a bar on a terminal, else lines."""
+    if choice not in ("auto", "bar", "lines", "json", "none"):
+        raise typer.BadParameter(f"'{choice}' is not one of auto, bar, lines, json, none.", param_hint="--progress")
+    if choice == "none" or (quiet and choice == "auto"):
+        return None
+    if choice == "auto":
+        return "bar" if terminal else "lines"
+    return choice
 
-    def __init__(self, out: Out) -> None:
-        self.out = out
+
+class _progress:
+    """Context manager giving an on_progress callback that drives a rich progress bar, or progress lines
+    (plain or JSON) at a steady interval."""
+
+    def __init__(self, out: Out, style: Optional[str], every_s: float) -> None:
+        self.out, self.style = out, style
         self.bar: Progress | None = None
         self.task = None
+        self.ticker = None if style not in ("lines", "json") else Ticker(
+            out.data if style == "json" else out.line, style=style, every_s=every_s)
 
     def __enter__(self):
-        return None if self.out.quiet else self.update
+        if self.style is None:
+            return None
+        return self.update if self.ticker is None else self.tick
+
+    def tick(self, p) -> None:
+        self.ticker.update(Figures("render", frames_done=p.frames_done, frames_total=p.frames_total,
+                                   frames_this_run=p.frames_done - p.frames_resumed, elapsed_s=p.elapsed_s,
+                                   fps=p.fps, chunks_done=p.chunks_done))
 
     def _start(self) -> None:
         self.bar = Progress(
@@ -208,6 +252,8 @@ class _progress:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.__exit__(*exc)
+        if self.ticker is not None:
+            self.ticker.close()
 
 
 @app.command()
@@ -234,12 +280,15 @@ def batch(
     force: Annotated[bool, typer.Option(
         "--force", help="Render every job again, replacing outputs and discarding partial renders.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress view.")] = False,
+    progress: ProgressOpt = "auto",
+    progress_every: ProgressEveryOpt = 5.0,
     debug: DebugOpt = False,
 ) -> None:
     """Render many jobs: skips finished ones, resumes interrupted ones, goes on past failures and ends with a
     table, OUT/batch-summary.json and .html. Exit code 1 if a job failed; Ctrl-C stops after the running
     jobs' current chunks."""
-    out = Out(quiet=quiet)
+    out = Out(quiet=quiet, stdout_is_json=progress == "json")
+    shown = progress_choice(progress, quiet=quiet, terminal=out.console.is_terminal)
 
     def run() -> None:
         from avatar_render.batch import BatchRequest, run_batch
@@ -252,8 +301,13 @@ def batch(
                                jobs=jobs, procs_per_job=procs_per_job, shard=parse_shard(shard) if shard else None,
                                force=force, ray=ray, ray_address=ray_address)
         stopping = StopSignals()
-        with stopping, BatchView(out.console, warn=out.warn, info=out.info, live=not quiet) as view:
+        ticker = None if shown not in ("lines", "json") else Ticker(
+            out.data if shown == "json" else out.line, style=shown, every_s=progress_every)
+        with stopping, BatchView(out.console, warn=out.warn, info=out.info, live=shown == "bar",
+                                 ticker=ticker) as view:
             result = run_batch(request, on_event=view.on_event, should_stop=stopping)
+        if shown == "json":
+            out.data(done_record(result))
         out.table(outcome_table(result.outcomes))
         out.info(f"Wrote {result.summary_json} and {result.summary_html}")
         if stopping():
