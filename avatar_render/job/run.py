@@ -156,6 +156,8 @@ def _playlists(live: Optional[Live]) -> dict[str, Path]:
 
 def _check_face(static: StaticConditioning, request: RenderRequest, on_message: OnMessage) -> None:
     cfg = request.config
+    if static.face_note:
+        on_message("warning", static.face_note)
     if static.face_detected or cfg.face.box is not None:
         return
     if cfg.run.no_face == "error":
