@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import sys
 import traceback
@@ -139,6 +141,9 @@ def render(
     serve_linger: Annotated[float, typer.Option(
         "--serve-linger", metavar="SECONDS", help="--serve: after the render, keep serving while the page was open "
                                                   "this recently (0: stop at once).")] = 10.0,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Check the inputs, the config and the outputs, print the plan (frames, chunks, memory, "
+                          "backend, face) and stop: nothing is written.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
     progress: ProgressOpt = "auto",
     progress_every: ProgressEveryOpt = 5.0,
@@ -167,6 +172,9 @@ def render(
                               buffer_s=live_buffer, retry_s=live_retry, gop_seconds=live_gop, linger_s=serve_linger)
         request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report,
                                 resume=resume, config_file=config, live=options)
+        if dry_run:
+            _show_plan(out, request, json_lines=shown == "json")
+            return
         on_message = lambda level, text: {"warning": out.warn, "notice": out.notice}.get(level, out.info)(text)  # noqa: E731
         stopping = StopSignals(
             on_first=lambda _: out.warn("stopping at the next keyframe; press Ctrl-C again to stop at once."))
@@ -191,6 +199,41 @@ def render(
         )
 
     _guard(out, debug, run)
+
+
+def _show_plan(out: Out, request, *, json_lines: bool) -> None:
+    """``render --dry-run``: the plan, as lines or one JSON object."""
+    from avatar_render.api import plan_render
+
+    plan = plan_render(request)
+    if json_lines:
+        out.data(json.dumps({"event": "plan", **dataclasses.asdict(plan)}))
+        return
+    for key, value in plan.rows():
+        out.notice(f"{key + ':':13}{value}")
+    out.notice("Dry run: nothing was written.")
+
+
+def _show_batch_plan(out: Out, request, *, json_lines: bool) -> None:
+    """``batch --dry-run``: each job's plan as a table (or JSON lines); exit 1 if a job would fail."""
+    from avatar_render.batch.dry import dry_run_batch
+
+    plans = dry_run_batch(request)
+    failing = sum(p.action == "fail" for p in plans)
+    if json_lines:
+        for p in plans:
+            out.data(json.dumps({"event": "plan", **dataclasses.asdict(p)}))
+    else:
+        table = Table("job", "action", "frames", Column("reason", overflow="fold"), box=box.SIMPLE_HEAD)
+        for p in plans:
+            table.add_row(escape(p.name), p.action, "?" if p.frames is None else str(p.frames), escape(p.reason))
+        out.table(table)
+        to_run = [p for p in plans if p.action in ("render", "resume")]
+        frames = sum(p.frames or 0 for p in to_run)
+        out.notice(f"Dry run: {len(to_run)} of {len(plans)} jobs to render ({frames} frames), "
+                   f"{failing} would fail; nothing was written.")
+    if failing:
+        raise typer.Exit(1)
 
 
 def progress_choice(choice: str, *, quiet: bool, terminal: bool) -> Optional[str]:
@@ -279,6 +322,9 @@ def batch(
         "--ray-address", metavar="HOST:PORT", help="The Ray cluster to run on (implies --ray).")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Render every job again, replacing outputs and discarding partial renders.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Check the jobs, their inputs and configs, say what each would do and stop: nothing is "
+                          "written.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress view.")] = False,
     progress: ProgressOpt = "auto",
     progress_every: ProgressEveryOpt = 5.0,
@@ -300,6 +346,9 @@ def batch(
         request = BatchRequest(source=source, out=out_dir, config=config, overrides=tuple(overrides or ()), ref=ref,
                                jobs=jobs, procs_per_job=procs_per_job, shard=parse_shard(shard) if shard else None,
                                force=force, ray=ray, ray_address=ray_address)
+        if dry_run:
+            _show_batch_plan(out, request, json_lines=shown == "json")
+            return
         stopping = StopSignals()
         ticker = None if shown not in ("lines", "json") else Ticker(
             out.data if shown == "json" else out.line, style=shown, every_s=progress_every)
