@@ -20,6 +20,7 @@ from rich.table import Column, Table
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.progress import Figures, Ticker, done_record
+from avatar_render.tables import fitted
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Render long talking-avatar videos from a reference image and an audio track.")
@@ -70,7 +71,9 @@ class Out:
         self.err.print(f"[bold red]Error:[/] {escape(text)}", soft_wrap=True)
 
     def table(self, table: Table) -> None:
-        self.console.print(table)
+        """A table that fits the width: narrower columns, or one block of lines per row (never a cut word)."""
+        for part in fitted(table, self.console):
+            self.console.print(part)
 
 
 def _load_config(out: Out, path: Optional[Path], overrides: Optional[list[str]], *, seed: Optional[int] = None):

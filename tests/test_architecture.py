@@ -20,7 +20,7 @@ LAYERS = (
     ("job",),  # one render: set-up, chunk loop, output, journal, resume, stops
     ("api",),  # the library entry point
     ("metrics", "doctor", "batch"),  # tools built on the api and the rooms below
-    ("bench",),
+    ("bench", "tables"),
     ("cli",),
     ("__main__",),
 )
