@@ -63,6 +63,7 @@ class Outcome:
     resumed_frames: int = 0
     processes: int = 1  # that rendered it (more under torchrun)
     report: Optional[Path] = None  # the job's JSON render report
+    figures_from: str = ""  # a skipped job: when the earlier run its figures come from ended ("": this run's)
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status

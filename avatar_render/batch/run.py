@@ -160,14 +160,16 @@ def _run_locked(request: BatchRequest, plan: BatchPlan, locks: JobLocks, *, out:
             # decided again now that the job is ours: another batch may have finished it meanwhile
             decision = ledger.decide(job, plan.identities[job.key]["identity"],
                                      partial_exists=partial_path(job.output).exists(), force=request.force)
-        if decision.action == "skip":
+        if decision.action == "skip":  # the figures of the run that rendered it, marked as such
+            record = ledger.get(job) or {}
             kept = {
                 k: v
-                for k, v in (ledger.get(job) or {}).get("summary", {}).items()
-                if k in ("frames", "duration_s", "generated_fps")
+                for k, v in record.get("summary", {}).items()
+                if k in ("frames", "duration_s", "generated_fps", "wall_s", "resumed_frames")
             }
             outcomes[job.key] = Outcome(
-                job, "skipped", reason=decision.reason, **kept, report=files / "reports" / f"{job.key}.json"
+                job, "skipped", reason=decision.reason, **kept, report=files / "reports" / f"{job.key}.json",
+                figures_from=str(record.get("updated", "")) if kept else "",
             )
         elif decision.action == "refuse":
             outcomes[job.key] = Outcome(job, "failed", reason=decision.reason)

@@ -159,16 +159,17 @@ def outcome_table(outcomes: Sequence[Outcome]) -> Table:
         "time",
         "reason",
         box=box.SIMPLE_HEAD,
-        caption="duration: of the video; fps: frames generated per second; time: this run's wall time",
+        caption="duration: of the video; fps: frames generated per second; time: the render's wall time (a "
+                "skipped job's figures are those of the run that rendered it)",
     )
     for o in outcomes:
-        ran = o.status in ("done", "resumed")
+        ran = o.status in ("done", "resumed") or bool(o.figures_from)
         table.add_row(
             escape(o.job.name),
             f"[{_STYLE[o.status]}]{o.status}[/]",
             f"{o.duration_s:.1f} s" if o.frames else "",
             f"{o.generated_fps:.1f}" if ran else "",
             f"{o.wall_s:.1f} s" if ran or o.wall_s else "",
-            escape(o.reason) if o.status != "skipped" else "",
+            escape(o.reason if o.status != "skipped" else f"figures from {o.figures_from}" if o.figures_from else ""),
         )
     return table
