@@ -20,6 +20,7 @@ from avatar_render.job.journal import Journal, journal_path
 from avatar_render.job.live import Live
 from avatar_render.job.output import check_output, check_partial, check_report, partial_path, request_inputs
 from avatar_render.job.resume import prior_commit
+from avatar_render.job.run import render_identity
 from avatar_render.job.types import RenderRequest
 from avatar_render.pipeline.schedule import iter_schedule
 
@@ -62,6 +63,7 @@ def plan_render(request: RenderRequest) -> RenderPlan:
     """The checks of ``run_job`` up to the models' loading, in the same words, and the plan."""
     cfg = request.config
     writes: list[str] = []
+    live = None
     if request.live.active:  # targets, playlists and addresses checked; the server is not started
         live = Live(dataclasses.replace(request, live=dataclasses.replace(request.live, serve=None)),
                     on_message=lambda level, text: None)
@@ -88,6 +90,10 @@ def plan_render(request: RenderRequest) -> RenderPlan:
             check_partial(output, journal)
             prior = prior_commit(journal, output=output, partial=partial_path(output), resume=request.resume,
                                  force=request.force, fps=cfg.fps)
+            why = None if prior is None else journal.mismatch(render_identity(request, live))
+            if why:
+                raise AvatarRenderError(f"Cannot resume {shown(output)}: {why} (resume with the same inputs and "
+                                        "config, or start over with --force instead of --resume).")
         finally:
             if journal is not None:
                 journal.close()

@@ -83,7 +83,7 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry:
             for note in job.notes:
                 on_message("warning", note)
             _check_face(job.static, request, on_message)
-            journal, point = _start(journal, request, prior, telemetry, on_message)
+            journal, point = _start(journal, request, prior, telemetry, on_message, live=live)
             broadcast(mesh, point[0] if point else None)
             loop = ChunkLoop(request, job, telemetry, journal, on_progress=on_progress, should_stop=should_stop,
                              live=live)
@@ -126,12 +126,12 @@ def finished_render(request: RenderRequest, on_message: OnMessage) -> Optional[R
 
 
 def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[Commit], telemetry: Telemetry,
-           on_message: OnMessage) -> tuple[Journal, Optional[tuple[Checkpoint, list[ChunkRecord]]]]:
+           on_message: OnMessage, *,
+           live: Optional[Live]) -> tuple[Journal, Optional[tuple[Checkpoint, list[ChunkRecord]]]]:
     """The journal to write, and the point to go on from (None: from the beginning)."""
     cfg, output = request.config, Path(request.output)
     with telemetry.stage("inputs"):
-        ident = identity(OmegaConf.to_container(OmegaConf.structured(cfg)), Path(request.reference),
-                         Path(request.audio))
+        ident = render_identity(request, live)
     if prior is not None:
         why = journal.mismatch(ident)
         if why:
@@ -147,6 +147,14 @@ def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[C
     remove(partial_path(output))  # (only ever this journal's: check_partial)
     journal.begin(ident)
     return journal, None
+
+
+def render_identity(request: RenderRequest, live: Optional[Live]) -> dict:
+    """What a render starts from, as its journal records it: the config, the inputs and the keyframe interval
+    the live options give the file (a resume under other live options would change it mid-file)."""
+    cfg = request.config
+    ident = identity(OmegaConf.to_container(OmegaConf.structured(cfg)), Path(request.reference), Path(request.audio))
+    return {**ident, "gop_seconds": cfg.video.gop_seconds if live is None else live.gop_seconds(cfg)}
 
 
 def _playlists(live: Optional[Live]) -> dict[str, Path]:
