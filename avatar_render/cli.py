@@ -122,7 +122,8 @@ def render(
     force: Annotated[bool, typer.Option(
         "--force", help="Overwrite an existing output file; discard an interrupted render of it.")] = False,
     resume: Annotated[bool, typer.Option(
-        "--resume", help="Continue an interrupted render of this output from its last complete chunk.")] = False,
+        "--resume", help="Continue an interrupted render of this output from the last keyframe its journal "
+                         "recorded (byte for byte the uninterrupted render).")] = False,
     live: Annotated[Optional[list[str]], typer.Option(
         "--live", metavar="TARGET", help="Publish while rendering (repeatable): rtmp://host/app/key, srt://host:port, "
                                          "PATH.m3u8 (HLS) or - (fragmented MP4 on standard output).")] = None,
@@ -165,7 +166,7 @@ def render(
     def run() -> None:
         from avatar_render.api import RenderRequest
         from avatar_render.api import render as render_video
-        from avatar_render.job.stop import RenderStopped, StopNow, StopSignals
+        from avatar_render.job.stop import RenderStopped, StopNow, StopSignals, stopping_notice
         from avatar_render.job.types import LiveOptions
 
         cfg = _load_config(out, config, overrides, seed=seed)
@@ -179,8 +180,7 @@ def render(
             _show_plan(out, request, json_lines=shown == "json")
             return
         on_message = lambda level, text: {"warning": out.warn, "notice": out.notice}.get(level, out.info)(text)  # noqa: E731
-        stopping = StopSignals(
-            on_first=lambda _: out.warn("stopping at the next keyframe; press Ctrl-C again to stop at once."))
+        stopping = StopSignals(on_first=lambda signum: out.warn(stopping_notice(signum)))
         try:
             with stopping, _progress(out, shown, progress_every) as on_progress:
                 result = render_video(request, on_progress=on_progress, on_message=on_message, should_stop=stopping)
@@ -319,7 +319,7 @@ def batch(
     shard: Annotated[Optional[str], typer.Option(
         "--shard", help="Take part I of N (0 <= I < N); default: the Slurm array task's part.")] = None,
     ray: Annotated[bool, typer.Option(
-        "--ray", help="Run the jobs as Ray tasks (pip install -e '.\\[ray]') on the cluster of RAY_ADDRESS or "
+        "--ray", help="Run the jobs as Ray tasks (pip install -e '.[ray]') on the cluster of RAY_ADDRESS or "
                       "of 'ray start' here, or on a new local one.")] = False,
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray-address", metavar="HOST:PORT", help="The Ray cluster to run on (implies --ray).")] = None,

@@ -244,6 +244,11 @@ def test_manifest_rows_with_overrides_and_prompts(media):
         ),
         (
             "bad.csv",
+            "ref,audio,output\nin/face.png,in/talk.wav,en/grace.mp4\nin/face.png,in/other.wav,en/grace.mp4\n",
+            "bad.csv line 3: its output 'en/grace.mp4' is already written by the job of bad.csv line 2",
+        ),
+        (
+            "bad.csv",
             "ref,audio,output\nin/face.png,in/talk.wav,a.avi\n",
             "bad.csv line 2: the output 'a.avi' must be a file name ending in .mp4",
         ),

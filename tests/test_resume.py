@@ -419,6 +419,9 @@ def test_resume_with_nothing_to_resume_starts_afresh(work, face_png, tmp_path):
     report, messages = api_render(tmp_path, face_png, audio, "n.mp4", resume=True, report=tmp_path / "n.json")
     assert ("info", f"Nothing to resume for '{tmp_path / 'n.mp4'}'; starting from the beginning.") in messages
     assert report.frames == 75 and chunk_hashes(tmp_path / "n.json") == hashes
+    with pytest.raises(AvatarRenderError, match=r"^Nothing to resume: '.*n.mp4' is complete \(no interrupted render "
+                                                r"of it is left\); pass --force instead of --resume"):
+        api_render(tmp_path, face_png, audio, "n.mp4", resume=True)  # finished: said so, not "already exists"
 
 
 def test_journal_is_cheap_and_small(work, face_png, tmp_path):

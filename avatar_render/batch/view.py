@@ -79,7 +79,8 @@ class BatchView:
             self.warn(
                 "stopping at once."
                 if event.at_once
-                else "stopping the running jobs at their next keyframe; press Ctrl-C again to stop at once."
+                else "stopping the running jobs at their next keyframe; a second Ctrl-C (or SIGTERM) stops them at "
+                     "once."
             )
 
     def _planned(self, p: Planned) -> None:

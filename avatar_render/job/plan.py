@@ -18,7 +18,14 @@ from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import open_reference
 from avatar_render.job.journal import Journal, journal_path
 from avatar_render.job.live import Live
-from avatar_render.job.output import check_output, check_partial, check_report, partial_path, request_inputs
+from avatar_render.job.output import (
+    check_finished,
+    check_output,
+    check_partial,
+    check_report,
+    partial_path,
+    request_inputs,
+)
 from avatar_render.job.resume import prior_commit
 from avatar_render.job.run import render_identity
 from avatar_render.job.types import RenderRequest
@@ -80,6 +87,7 @@ def plan_render(request: RenderRequest) -> RenderPlan:
     inputs = request_inputs(request)
     if request.output is not None:
         output = Path(request.output)
+        check_finished(output, resume=request.resume, force=request.force)
         check_output(output, force=request.force)
         written = {"output": output, "partial file": partial_path(output), "resume journal": journal_path(output)}
         for what, path in written.items():

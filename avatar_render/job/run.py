@@ -22,6 +22,7 @@ from avatar_render.job.journal import (
 from avatar_render.job.live import Live
 from avatar_render.job.loop import ChunkLoop
 from avatar_render.job.output import (
+    check_finished,
     check_output,
     check_partial,
     check_report,
@@ -67,6 +68,7 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry:
         return _run_live_only(request, mesh, live, telemetry=telemetry, on_progress=on_progress, on_message=on_message,
                               should_stop=should_stop)
     output = Path(request.output)
+    check_finished(output, resume=request.resume, force=request.force)
     check_output(output, force=request.force)
     written = {"output": output, "partial file": partial_path(output), "resume journal": journal_path(output)}
     inputs = request_inputs(request)
