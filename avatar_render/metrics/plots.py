@@ -74,7 +74,8 @@ def plot_inspect(r: InspectResult, path: str | Path) -> Path:
 
     ax = axes[1, 1]
     smooth = max(1, round(0.12 * fps)) * 2 + 1
-    ax.plot(t, _unit(moving_average(s.mouth, smooth)), lw=0.9, label="mouth movement")
+    ax.plot(t, _unit(moving_average(s.mouth, smooth)), lw=0.9,
+            label="lip opening" if s.mouth_is_lips else "mouth movement")
     if s.speech_rms is not None:
         ax.plot(t, _unit(moving_average(20 * np.log10(s.speech_rms + 1e-9).clip(-60), smooth)), lw=0.9, alpha=0.8,
                 label="speech level")

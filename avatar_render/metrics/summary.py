@@ -48,7 +48,7 @@ def summary_rows(r: InspectResult) -> list[tuple[str, str, str]]:
     else:
         m = r.mouth
         rows.append(("mouth vs speech", f"{m.correlation:.2f}",
-                     f"correlation of mouth movement with speech level; best {m.best_lag_correlation:.2f} "
+                     f"correlation of the mouth ({m.measure}) with speech level; best {m.best_lag_correlation:.2f} "
                      f"at a lag of {m.best_lag_frames:+d} frames (positive: the mouth follows the audio)"))
         silence = "n/a" if m.silence_motion is None else f"{m.silence_motion:.0%}"
         rows.append(("mouth in silence", silence,
