@@ -31,6 +31,8 @@ from avatar_render.metrics.source import SourceComparison, SourceResult, video_r
 from avatar_render.metrics.speech import MouthActivity, MouthSyncResult, iter_frame_levels, mouth_sync
 from avatar_render.metrics.video import iter_frames, probe_video
 
+SOURCE_FRAME = "source frame at the same time"  # a video reference: each frame against the source at its time
+
 
 @dataclass(frozen=True)
 class VideoSummary:
@@ -61,7 +63,7 @@ class Series:
 @dataclass(frozen=True, eq=False)
 class InspectResult:
     video: VideoSummary
-    reference: str  # what the metrics compare against
+    reference: str  # what the metrics compare against: "reference image", "first frame" or SOURCE_FRAME
     face_found: bool
     colour: ColourDriftResult
     seams: SeamResult | None
@@ -74,6 +76,12 @@ class InspectResult:
     missing: dict[str, str] = field(default_factory=dict)  # metric -> why it could not be measured
     notes: tuple[str, ...] = ()
     series: Series | None = None
+    reference_file: str | None = None  # the --ref file's name
+
+    @property
+    def compared_with(self) -> str:
+        """What the metrics compare against, for the table and the plots."""
+        return self.reference + ("" if self.reference_file is None else f" of '{self.reference_file}'")
 
     def to_dict(self) -> dict[str, Any]:
         """Everything but the per-frame series, JSON-ready."""
@@ -147,13 +155,16 @@ def inspect_video(
             level = next(levels) if levels is not None else None
             if level is not None:
                 rms.append(level)
-            colour.update(frame, shift)
+            against = source.frame(count) if source is not None else None  # the source frame at this time
+            if against is not None and against.shape != frame.shape:
+                against = None
+            colour.update(frame, shift, against=against)
             change.update(gray)
             mouth.update(gray, shift, level)
             if lips is not None:
                 lips.update(frame)
             eyes.update(gray, shift)
-            identity.update(gray, shift)
+            identity.update(gray, shift, against=None if against is None else luma(against))
             sharpness.update(gray, shift)
             if source is not None:
                 source.update(count, gray)
@@ -171,8 +182,10 @@ def inspect_video(
     parts = dict(tracker=tracker, colour=colour, change=change, mouth=mouth, eyes=eyes, identity=identity,
                  sharpness=sharpness, opening=opening)
     result = _result(info, ref, rep, speech, rms.numpy() if levels is not None else None, count, **parts)
-    if source is not None:
-        result = dataclasses.replace(result, source=source.result(change.values.numpy()))
+    if reference is not None:
+        result = dataclasses.replace(result, reference_file=Path(reference).name)
+    if source is not None:  # colour and identity were compared with the source frame at each frame's time
+        result = dataclasses.replace(result, source=source.result(change.values.numpy()), reference=SOURCE_FRAME)
     return result
 
 
