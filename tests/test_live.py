@@ -335,17 +335,21 @@ def test_underrun_policies_against_a_listener(tmp_path: Path, policy: str) -> No
 def test_a_dropped_connection_is_retried_and_the_file_completes(tmp_path: Path) -> None:
     port = free_port()
     url = f"rtmp://127.0.0.1:{port}/live/drop"
-    first = _listener("-listen", "1", "-i", url, "-c", "copy", "-y", str(tmp_path / "a.flv"))
+    got = tmp_path / "a.flv"
+    first = _listener("-listen", "1", "-probesize", "32768", "-analyzeduration", "0", "-i", url, "-c", "copy",
+                      "-flush_packets", "1", "-y", str(got))
     audio = speech(tmp_path / "speech.wav", 8.0)
-    out = tmp_path / "out.mp4"
-    proc = subprocess.Popen(render_cmd("--audio", str(audio), "-o", str(out), "--live", url, "--live-buffer", "1",
-                                       "video.width=64", "video.height=64"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-    time.sleep(4.0)
-    first.kill()  # the server goes away mid-stream ...
-    first.wait()
-    time.sleep(1.0)
-    second = _listener("-listen", "1", "-i", url, "-c", "copy", "-y", str(tmp_path / "b.flv"))  # ... and comes back
+    out, go = tmp_path / "out.mp4", tmp_path / "go"
+    # held before its fourth chunk: the stream is cut and the server back before the render can have ended
+    proc = held_render(go, 4, "--audio", str(audio), "-o", str(out), "--live", url, "--live-buffer", "1",
+                       "video.width=64", "video.height=64")
+    try:
+        wait_until(lambda: got.exists() and got.stat().st_size >= 1024, proc)  # streaming to the first server
+        first.kill()  # the server goes away mid-stream ...
+        first.wait()
+        second = _listener("-listen", "1", "-i", url, "-c", "copy", "-y", str(tmp_path / "b.flv"))  # ... comes back
+    finally:
+        go.touch()
     said, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     second.wait(timeout=30)
