@@ -266,11 +266,13 @@ def test_hls_playlist_continues_after_a_stop_and_resume(tmp_path: Path) -> None:
     # a paced push target slows the render to real time, so that it can be stopped half-way
     port = int(args[-1].split(":")[2].split("/")[0])
     listener = _listener("-listen", "1", "-i", args[-1], "-c", "copy", "-f", "null", "-")
-    proc = subprocess.Popen(render_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-    while not (playlist.exists() and playlist.read_text().count("#EXTINF") >= 2):
-        time.sleep(0.05)
-        assert proc.poll() is None, proc.communicate()
-    proc.send_signal(signal.SIGINT)
+    go = tmp_path / "go"
+    proc = held_render(go, 4, *args)  # held before its fourth chunk: stopped half-way, whatever the machine's speed
+    try:
+        wait_until(lambda: playlist.exists() and playlist.read_text().count("#EXTINF") >= 2, proc)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        go.touch()
     assert proc.wait(timeout=60) == 130, proc.communicate()
     listener.wait(timeout=30)
     stopped = playlist.read_text()
