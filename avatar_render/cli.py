@@ -39,7 +39,8 @@ ProgressEveryOpt = Annotated[float, typer.Option(
 
 
 class Out:
-    """All terminal output: human text on stdout (on stderr when stdout carries a video), errors on stderr."""
+    """All terminal output: human text on stdout (on stderr when stdout carries a video or JSON lines), errors on
+    stderr."""
 
     def __init__(self, *, quiet: bool = False, stdout_is_video: bool = False, stdout_is_json: bool = False) -> None:
         self.console = Console(highlight=False, stderr=stdout_is_video or stdout_is_json)
@@ -159,9 +160,9 @@ def render(
     from avatar_render.distributed.launch import is_writer_process
 
     # under torchrun only process 0 reports progress (and publishes)
-    out = Out(quiet=quiet or not is_writer_process(), stdout_is_video="-" in (live or ()),
-              stdout_is_json=progress == "json")
-    shown = progress_choice(progress, quiet=out.quiet, terminal=out.console.is_terminal)
+    writer = is_writer_process()
+    out = Out(quiet=quiet or not writer, stdout_is_video="-" in (live or ()), stdout_is_json=progress == "json")
+    shown = progress_choice(progress if writer else "none", quiet=out.quiet, terminal=out.console.is_terminal)
 
     def run() -> None:
         from avatar_render.api import RenderRequest
