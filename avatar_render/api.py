@@ -21,12 +21,13 @@ from typing import Callable, Optional
 from avatar_render.distributed.launch import agree, broadcast, session
 from avatar_render.distributed.mesh import Launch
 from avatar_render.job.output import forget_empty_render
+from avatar_render.job.plan import RenderPlan, plan_render
 from avatar_render.job.run import finished_render, run_job
 from avatar_render.job.setup import follow
 from avatar_render.job.types import OnMessage, Progress, RenderReport, RenderRequest
 from avatar_render.telemetry import Telemetry
 
-__all__ = ["Progress", "RenderReport", "RenderRequest", "render"]
+__all__ = ["Progress", "RenderPlan", "RenderReport", "RenderRequest", "plan_render", "render"]
 
 
 def render(

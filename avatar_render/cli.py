@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import sys
 import traceback
@@ -17,6 +19,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Column, Table
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.progress import Figures, Ticker, done_record
+from avatar_render.tables import fitted
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Render long talking-avatar videos from a reference image and an audio track.")
@@ -26,15 +30,32 @@ ConfigOpt = Annotated[Optional[Path], typer.Option(
 OverridesArg = Annotated[Optional[list[str]], typer.Argument(
     help="Config overrides, key=value (e.g. preview.fps=30).", show_default=False)]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the full traceback of unexpected errors.")]
+ProgressOpt = Annotated[str, typer.Option(
+    "--progress", metavar="auto|bar|lines|json|none",
+    help="How progress is shown: auto (a bar on a terminal, else a line every --progress-every seconds), bar, "
+         "lines, json (one JSON object per line on standard output, the end's figures last) or none.")]
+ProgressEveryOpt = Annotated[float, typer.Option(
+    "--progress-every", metavar="SECONDS", min=0, help="Seconds between two progress lines (lines, json).")]
 
 
 class Out:
-    """All terminal output: human text on stdout (on stderr when stdout carries a video), errors on stderr."""
+    """All terminal output: human text on stdout (on stderr when stdout carries a video or JSON lines), errors on
+    stderr."""
 
-    def __init__(self, *, quiet: bool = False, stdout_is_video: bool = False) -> None:
-        self.console = Console(highlight=False, stderr=stdout_is_video)
+    def __init__(self, *, quiet: bool = False, stdout_is_video: bool = False, stdout_is_json: bool = False) -> None:
+        self.console = Console(highlight=False, stderr=stdout_is_video or stdout_is_json)
         self.err = Console(stderr=True, highlight=False)
         self.quiet = quiet
+        self.data_file = sys.stderr if stdout_is_video else sys.stdout  # JSON lines for scripts
+
+    def data(self, text: str) -> None:
+        """One line for a program to read (JSON progress), unstyled and unwrapped."""
+        self.data_file.write(text + "\n")
+        self.data_file.flush()
+
+    def line(self, text: str) -> None:
+        """One plain line of a log (progress without a terminal), never wrapped."""
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def info(self, text: str) -> None:
         if not self.quiet:
@@ -51,7 +72,9 @@ class Out:
         self.err.print(f"[bold red]Error:[/] {escape(text)}", soft_wrap=True)
 
     def table(self, table: Table) -> None:
-        self.console.print(table)
+        """A table that fits the width: narrower columns, or one block of lines per row (never a cut word)."""
+        for part in fitted(table, self.console):
+            self.console.print(part)
 
 
 def _load_config(out: Out, path: Optional[Path], overrides: Optional[list[str]], *, seed: Optional[int] = None):
@@ -100,7 +123,8 @@ def render(
     force: Annotated[bool, typer.Option(
         "--force", help="Overwrite an existing output file; discard an interrupted render of it.")] = False,
     resume: Annotated[bool, typer.Option(
-        "--resume", help="Continue an interrupted render of this output from its last complete chunk.")] = False,
+        "--resume", help="Continue an interrupted render of this output from the last keyframe its journal "
+                         "recorded (byte for byte the uninterrupted render).")] = False,
     live: Annotated[Optional[list[str]], typer.Option(
         "--live", metavar="TARGET", help="Publish while rendering (repeatable): rtmp://host/app/key, srt://host:port, "
                                          "PATH.m3u8 (HLS) or - (fragmented MP4 on standard output).")] = None,
@@ -122,7 +146,12 @@ def render(
     serve_linger: Annotated[float, typer.Option(
         "--serve-linger", metavar="SECONDS", help="--serve: after the render, keep serving while the page was open "
                                                   "this recently (0: stop at once).")] = 10.0,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Check the inputs, the config and the outputs, print the plan (frames, chunks, memory, "
+                          "backend, face) and stop: nothing is written.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
+    progress: ProgressOpt = "auto",
+    progress_every: ProgressEveryOpt = 5.0,
     debug: DebugOpt = False,
 ) -> None:
     """Render a talking-avatar MP4, written while it is generated, and publish it live with --live or
@@ -131,12 +160,14 @@ def render(
     from avatar_render.distributed.launch import is_writer_process
 
     # under torchrun only process 0 reports progress (and publishes)
-    out = Out(quiet=quiet or not is_writer_process(), stdout_is_video="-" in (live or ()))
+    writer = is_writer_process()
+    out = Out(quiet=quiet or not writer, stdout_is_video="-" in (live or ()), stdout_is_json=progress == "json")
+    shown = progress_choice(progress if writer else "none", quiet=out.quiet, terminal=out.console.is_terminal)
 
     def run() -> None:
         from avatar_render.api import RenderRequest
         from avatar_render.api import render as render_video
-        from avatar_render.job.stop import RenderStopped, StopNow, StopSignals
+        from avatar_render.job.stop import RenderStopped, StopNow, StopSignals, stopping_notice
         from avatar_render.job.types import LiveOptions
 
         cfg = _load_config(out, config, overrides, seed=seed)
@@ -146,11 +177,13 @@ def render(
                               buffer_s=live_buffer, retry_s=live_retry, gop_seconds=live_gop, linger_s=serve_linger)
         request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report,
                                 resume=resume, config_file=config, live=options)
+        if dry_run:
+            _show_plan(out, request, json_lines=shown == "json")
+            return
         on_message = lambda level, text: {"warning": out.warn, "notice": out.notice}.get(level, out.info)(text)  # noqa: E731
-        stopping = StopSignals(
-            on_first=lambda _: out.warn("stopping at the next keyframe; press Ctrl-C again to stop at once."))
+        stopping = StopSignals(on_first=lambda signum: out.warn(stopping_notice(signum)))
         try:
-            with stopping, _progress(out) as on_progress:
+            with stopping, _progress(out, shown, progress_every) as on_progress:
                 result = render_video(request, on_progress=on_progress, on_message=on_message, should_stop=stopping)
         except RenderStopped as stopped:
             out.warn(str(stopped))
@@ -158,6 +191,8 @@ def render(
         except StopNow:  # a second signal outside the chunk loop
             out.warn("Stopped at once.")
             raise typer.Exit(stopping.exit_code) from None
+        if shown == "json":
+            out.data(done_record(result))
         out.info(
             f"{'Wrote' if output is not None else 'Streamed'} {result.output}: {result.duration_s:.2f} s, "
             f"{result.frames} frames at {result.fps:g} fps, "
@@ -170,16 +205,72 @@ def render(
     _guard(out, debug, run)
 
 
-class _progress:
-    """Context manager giving an on_progress callback that drives a rich progress bar."""
+def _show_plan(out: Out, request, *, json_lines: bool) -> None:
+    """``render --dry-run``: the plan, as lines or one JSON object."""
+    from avatar_render.api import plan_render
 
-    def __init__(self, out: Out) -> None:
-        self.out = out
+    plan = plan_render(request)
+    if json_lines:
+        out.data(json.dumps({"event": "plan", **dataclasses.asdict(plan)}))
+        return
+    for key, value in plan.rows():
+        out.notice(f"{key + ':':13}{value}")
+    out.notice("Dry run: nothing was written.")
+
+
+def _show_batch_plan(out: Out, request, *, json_lines: bool) -> None:
+    """``batch --dry-run``: each job's plan as a table (or JSON lines); exit 1 if a job would fail."""
+    from avatar_render.batch.dry import dry_run_batch
+
+    plans = dry_run_batch(request)
+    failing = sum(p.action == "fail" for p in plans)
+    if json_lines:
+        for p in plans:
+            out.data(json.dumps({"event": "plan", **dataclasses.asdict(p)}))
+    else:
+        table = Table("job", "action", "frames", Column("reason", overflow="fold"), box=box.SIMPLE_HEAD)
+        for p in plans:
+            table.add_row(escape(p.name), p.action, "?" if p.frames is None else str(p.frames), escape(p.reason))
+        out.table(table)
+        to_run = [p for p in plans if p.action in ("render", "resume")]
+        frames = sum(p.frames or 0 for p in to_run)
+        out.notice(f"Dry run: {len(to_run)} of {len(plans)} jobs to render ({frames} frames), "
+                   f"{failing} would fail; nothing was written.")
+    if failing:
+        raise typer.Exit(1)
+
+
+def progress_choice(choice: str, *, quiet: bool, terminal: bool) -> Optional[str]:
+    """bar, lines, json, or None for no progress; auto: a bar on a terminal, else lines."""
+    if choice not in ("auto", "bar", "lines", "json", "none"):
+        raise typer.BadParameter(f"'{choice}' is not one of auto, bar, lines, json, none.", param_hint="--progress")
+    if choice == "none" or (quiet and choice == "auto"):
+        return None
+    if choice == "auto":
+        return "bar" if terminal else "lines"
+    return choice
+
+
+class _progress:
+    """Context manager giving an on_progress callback that drives a rich progress bar, or progress lines
+    (plain or JSON) at a steady interval."""
+
+    def __init__(self, out: Out, style: Optional[str], every_s: float) -> None:
+        self.out, self.style = out, style
         self.bar: Progress | None = None
         self.task = None
+        self.ticker = None if style not in ("lines", "json") else Ticker(
+            out.data if style == "json" else out.line, style=style, every_s=every_s)
 
     def __enter__(self):
-        return None if self.out.quiet else self.update
+        if self.style is None:
+            return None
+        return self.update if self.ticker is None else self.tick
+
+    def tick(self, p) -> None:
+        self.ticker.update(Figures("render", frames_done=p.frames_done, frames_total=p.frames_total,
+                                   frames_this_run=p.frames_done - p.frames_resumed, elapsed_s=p.elapsed_s,
+                                   fps=p.fps, chunks_done=p.chunks_done))
 
     def _start(self) -> None:
         self.bar = Progress(
@@ -208,6 +299,8 @@ class _progress:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.__exit__(*exc)
+        if self.ticker is not None:
+            self.ticker.close()
 
 
 @app.command()
@@ -227,19 +320,25 @@ def batch(
     shard: Annotated[Optional[str], typer.Option(
         "--shard", help="Take part I of N (0 <= I < N); default: the Slurm array task's part.")] = None,
     ray: Annotated[bool, typer.Option(
-        "--ray", help="Run the jobs as Ray tasks (pip install -e '.\\[ray]') on the cluster of RAY_ADDRESS or "
+        "--ray", help="Run the jobs as Ray tasks (pip install -e '.[ray]') on the cluster of RAY_ADDRESS or "
                       "of 'ray start' here, or on a new local one.")] = False,
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray-address", metavar="HOST:PORT", help="The Ray cluster to run on (implies --ray).")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Render every job again, replacing outputs and discarding partial renders.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Check the jobs, their inputs and configs, say what each would do and stop: nothing is "
+                          "written.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress view.")] = False,
+    progress: ProgressOpt = "auto",
+    progress_every: ProgressEveryOpt = 5.0,
     debug: DebugOpt = False,
 ) -> None:
     """Render many jobs: skips finished ones, resumes interrupted ones, goes on past failures and ends with a
     table, OUT/batch-summary.json and .html. Exit code 1 if a job failed; Ctrl-C stops after the running
     jobs' current chunks."""
-    out = Out(quiet=quiet)
+    out = Out(quiet=quiet, stdout_is_json=progress == "json")
+    shown = progress_choice(progress, quiet=quiet, terminal=out.console.is_terminal)
 
     def run() -> None:
         from avatar_render.batch import BatchRequest, run_batch
@@ -251,9 +350,17 @@ def batch(
         request = BatchRequest(source=source, out=out_dir, config=config, overrides=tuple(overrides or ()), ref=ref,
                                jobs=jobs, procs_per_job=procs_per_job, shard=parse_shard(shard) if shard else None,
                                force=force, ray=ray, ray_address=ray_address)
+        if dry_run:
+            _show_batch_plan(out, request, json_lines=shown == "json")
+            return
         stopping = StopSignals()
-        with stopping, BatchView(out.console, warn=out.warn, info=out.info, live=not quiet) as view:
+        ticker = None if shown not in ("lines", "json") else Ticker(
+            out.data if shown == "json" else out.line, style=shown, every_s=progress_every)
+        with stopping, BatchView(out.console, warn=out.warn, info=out.info, live=shown == "bar",
+                                 ticker=ticker) as view:
             result = run_batch(request, on_event=view.on_event, should_stop=stopping)
+        if shown == "json":
+            out.data(done_record(result))
         out.table(outcome_table(result.outcomes))
         out.info(f"Wrote {result.summary_json} and {result.summary_html}")
         if stopping():

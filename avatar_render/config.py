@@ -65,6 +65,8 @@ class FaceConfig:
     """Where the face is in the reference, for both backends."""
 
     box: Optional[list[int]] = None  # [x, y, w, h] in reference pixels; None = detect
+    # with several faces in the reference: which one is rendered, counted from the left from 1; None = the largest
+    index: Optional[int] = None
     # dense landmarks (MediaPipe's face mesh, installed by scripts/fetch_face_model.py): auto = the installed
     # model, else a template mesh on the detected boxes; template = always the template; or the model file's path
     landmarks: str = "auto"
@@ -246,7 +248,7 @@ def _moved_keys(cfg: Config) -> Config:
         return cfg
     warnings.warn("Config key 'preview.face_box' is deprecated; use 'face.box' (it places the face for every backend).",
                   ConfigWarning, stacklevel=3)
-    face = cfg.face if cfg.face.box is not None else FaceConfig(box=cfg.preview.face_box)
+    face = cfg.face if cfg.face.box is not None else dataclasses.replace(cfg.face, box=cfg.preview.face_box)
     return dataclasses.replace(cfg, face=face, preview=dataclasses.replace(cfg.preview, face_box=None))
 
 
@@ -364,6 +366,8 @@ def validate(cfg: Config) -> None:
             "face.box",
             "must be [x, y, width, height] with a positive width and height",
         ),
+        (cfg.face.index is None or cfg.face.index >= 1, "face.index",
+         "must be 1 or more (the faces are counted from the left from 1)"),
         (cfg.reference.timing in TIMINGS, "reference.timing", f"must be one of {', '.join(TIMINGS)}"),
         (0 <= cfg.reference.cache_mb <= 65536, "reference.cache_mb", "must be between 0 and 65536"),
         (cfg.run.queue_chunks >= 1, "run.queue_chunks", "must be at least 1"),

@@ -8,7 +8,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import wave
 from dataclasses import dataclass
@@ -65,23 +64,39 @@ def env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-class FirstBytes(threading.Thread):
-    """Watches a file a listener writes: ``at`` is the time.time() when it first held ``size`` bytes."""
+# Runs the CLI with the preview's decode stage held at its call argv[2] (1-based) until the file argv[1]
+# exists: the render cannot end (nor its output appear) before the test has seen what it waits for.
+HELD = """
+import sys, time
+from pathlib import Path
+from avatar_render.preview import engine
+go, at = Path(sys.argv[1]), int(sys.argv[2])
+calls, original = [0], engine.PreviewRender.run
+def run(self, x, *, static, carry):
+    calls[0] += 1
+    while calls[0] == at and not go.exists():
+        time.sleep(0.01)
+    return original(self, x, static=static, carry=carry)
+engine.PreviewRender.run = run
+from avatar_render.cli import main
+sys.argv = ["avatar-render", *sys.argv[3:]]
+main()
+"""
 
-    def __init__(self, path: Path, size: int = 4096) -> None:
-        super().__init__(daemon=True)
-        self.path, self.size, self.at = path, size, None
-        self.done = threading.Event()
-        self.start()
 
-    def run(self) -> None:
-        while not self.done.is_set() and self.at is None:
-            try:
-                if self.path.stat().st_size >= self.size:
-                    self.at = time.time()
-            except OSError:
-                pass
-            time.sleep(0.02)
+def held_render(go: Path, at: int, *args: str) -> subprocess.Popen:
+    """``render_cmd(*args)`` held at its decode call ``at`` until ``go`` exists."""
+    return subprocess.Popen([sys.executable, "-c", HELD, str(go), str(at), *render_cmd(*args)[3:]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+
+
+def wait_until(ready, proc: subprocess.Popen, *, hang_s: float = 120.0) -> None:
+    """Until ``ready()`` (a render held for it cannot end first); ``hang_s`` only guards against a hang."""
+    deadline = time.monotonic() + hang_s
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "hung"
+        time.sleep(0.02)
 
 
 @dataclass

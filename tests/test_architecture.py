@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "avatar_render"
 LAYERS = (
     ("errors",),  # the core: the user-facing error type,
     ("files",),  # the files a render reads (checked before they are opened) and writes (only its own)
-    ("config", "telemetry"),  # the typed config, the render's measurements
+    ("config", "telemetry", "progress"),  # the typed config, the render's measurements, progress lines
     ("distributed",),  # a leaf the api calls: meshes, launches, sharding
     ("pipeline",),  # the tiers: Module, Stage, Pipeline, the chunk plan and the rolling state
     ("models", "io", "face"),  # networks and checkpoints; media in and out; the face
@@ -20,7 +20,7 @@ LAYERS = (
     ("job",),  # one render: set-up, chunk loop, output, journal, resume, stops
     ("api",),  # the library entry point
     ("metrics", "doctor", "batch"),  # tools built on the api and the rooms below
-    ("bench",),
+    ("bench", "tables"),
     ("cli",),
     ("__main__",),
 )

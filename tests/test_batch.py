@@ -94,12 +94,20 @@ def test_second_run_skips_the_done_jobs_and_touches_none(six):
     d, _ = six
     out = d / "out"
     before = {n: state(out / f"{n}.mp4") for n in GOOD}
+    first = by_name(summary(out))
     again = batch(d / "jobs", "--out", out, "--jobs", "2", *SMALL, cwd=d)
     assert again.returncode == 1  # the broken two still fail
     assert {n: state(out / f"{n}.mp4") for n in GOOD} == before  # bytes and modification times
     record = summary(out)
     assert record["counts"]["skipped"] == 4 and record["counts"]["failed"] == 2 and record["counts"]["done"] == 0
-    assert all(by_name(record)[n]["frames"] == 25 for n in GOOD)
+    for n in GOOD:  # the figures of the run that rendered it, marked as such
+        job, rendered = by_name(record)[n], first[n]
+        assert job["status"] == "skipped" and job["figures_from"] and not rendered["figures_from"]
+        assert {k: job[k] for k in ("frames", "duration_s", "generated_fps", "wall_s")} == \
+            {k: rendered[k] for k in ("frames", "duration_s", "generated_fps", "wall_s")}
+    page = (out / "batch-summary.html").read_text()
+    assert page.count("not rendered again: the figures are from the run that ended") == 4
+    assert f'<td class="num">{first["anna"]["generated_fps"]:.1f}</td>' in page
 
 
 @pytest.mark.slow
@@ -233,6 +241,11 @@ def test_manifest_rows_with_overrides_and_prompts(media):
             "bad.csv",
             "ref,audio,output\nin/face.png,in/talk.wav,a.mp4\nin/face.png,in/other.wav,a.mp4\n",
             "bad.csv line 3: its output 'a.mp4' is already written by the job of bad.csv line 2",
+        ),
+        (
+            "bad.csv",
+            "ref,audio,output\nin/face.png,in/talk.wav,en/grace.mp4\nin/face.png,in/other.wav,en/grace.mp4\n",
+            "bad.csv line 3: its output 'en/grace.mp4' is already written by the job of bad.csv line 2",
         ),
         (
             "bad.csv",

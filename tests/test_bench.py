@@ -60,6 +60,8 @@ def test_bench_cli_writes_table_json_and_plots(tmp_path, face_png):
     assert "1 s at 96x96 (preview)" in done.stdout and "2 s at 96x96 (preview)" in done.stdout
     # the table's caption, the files
     assert "generated frames per second" in done.stdout and "bench.json" in done.stdout
+    # piped (80 columns): every header and figure whole, none cut to 'bac...'
+    assert "…" not in done.stdout and "..." not in done.stdout and "MB chunk 1/last" in done.stdout
     record = json.loads((out_dir / "bench.json").read_text())
     assert record["written_by"] == "avatar-render bench"
     rows = record["rows"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import cv2
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.face.detect import FaceDetector
+from avatar_render.face.detect import FaceDetector, choose_face
 from avatar_render.face.fit import Fit, fit_to_frame
 from avatar_render.face.layout import Box, FaceLayout, fallback_layout, layout_from_box
 from avatar_render.io.reference import load_reference
@@ -214,3 +216,42 @@ def test_template_mesh_sits_on_the_layout(layout: FaceLayout) -> None:
     assert mesh.lip_gap() == 0  # closed lips: nothing is assumed about teeth
     fit = Fit(scale=2.0, offset_x=10.0, offset_y=4.0)
     assert np.allclose(mesh.mapped(fit).points, mesh.points * 2 - (10, 4))
+
+
+@pytest.fixture(scope="module")
+def group(portrait: np.ndarray) -> np.ndarray:
+    """Two people: a smaller copy of the portrait on the left, the portrait itself on the right."""
+    small = cv2.resize(portrait, (portrait.shape[1] * 3 // 4, portrait.shape[0] * 3 // 4), interpolation=cv2.INTER_AREA)
+    canvas = np.full((portrait.shape[0], small.shape[1] + 40 + portrait.shape[1], 3), 255, np.uint8)
+    canvas[: small.shape[0], : small.shape[1]] = small
+    canvas[:, small.shape[1] + 40:] = portrait
+    return canvas
+
+
+def test_a_group_photo_says_which_face_is_rendered_and_face_index_picks_another(group: np.ndarray) -> None:
+    layout, note = choose_face(group, FaceDetector(), None)
+    assert layout.face.x > group.shape[1] / 2  # the largest: the portrait on the right
+    assert note.startswith("2 faces were found in the reference; rendering the largest, the 2nd from the left")
+    assert "face.index=1..2 picks another" in note
+    left, note = choose_face(group, FaceDetector(index=1), None)
+    assert left.face.x + left.face.w < group.shape[1] / 2 and "rendering face.index=1, the 1st from the left" in note
+    with pytest.raises(AvatarRenderError, match="face.index=3 asks for the face 3rd from the left, but 2 faces were"):
+        choose_face(group, FaceDetector(index=3), None)
+    assert choose_face(group[:, -512:], FaceDetector(), None)[1] == ""  # one face: nothing to say
+
+
+def test_render_of_a_group_photo_names_the_face(tmp_path: Path, group: np.ndarray) -> None:
+    from PIL import Image
+
+    from tests.media import speech_like, write_audio
+
+    Image.fromarray(group).save(tmp_path / "group.png")
+    audio = write_audio(tmp_path / "a.wav", speech_like(0.5, 16000), 16000)
+    args = [sys.executable, "-m", "avatar_render", "render", "--ref", str(tmp_path / "group.png"), "--audio",
+            str(audio), "video.width=96", "video.height=96", "-q"]
+    done = subprocess.run([*args, "-o", str(tmp_path / "o.mp4")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Warning: 2 faces were found in the reference" in done.stderr, done.stderr
+    refused = subprocess.run([*args, "-o", str(tmp_path / "p.mp4"), "face.index=4"], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 1 and refused.stderr.startswith("Error: face.index=4 asks for the face 4th")
+    assert "Traceback" not in refused.stderr and not (tmp_path / "p.mp4").exists()

@@ -26,7 +26,18 @@ from avatar_render.io.live.push import Pacing, PushSink
 from avatar_render.io.live.targets import parse_target
 from avatar_render.io.live.wire import OPEN_TIMEOUT_S
 from avatar_render.io.spec import WriterSpec
-from tests.live_util import FFMPEG, FirstBytes, env, free_port, needs_ffmpeg, probe, render_cmd, speech, wait_listening
+from tests.live_util import (
+    FFMPEG,
+    env,
+    free_port,
+    held_render,
+    needs_ffmpeg,
+    probe,
+    render_cmd,
+    speech,
+    wait_listening,
+    wait_until,
+)
 
 FPS = 25.0
 FRAME = 1 / FPS
@@ -66,62 +77,74 @@ def test_rtmp_listener_gets_every_frame_paced_while_rendering(tmp_path: Path) ->
     port = free_port()
     url = f"rtmp://127.0.0.1:{port}/live/test"
     got = tmp_path / "got.flv"
-    listener = _listener("-listen", "1", "-i", url, "-c", "copy", "-flush_packets", "1", "-y", str(got))
-    first = FirstBytes(got)
-    out = tmp_path / "out.mp4"
-    start = time.time()
-    result = _render(tmp_path, 6.0, "-o", str(out), "--live", url, "-q", "video.width=128", "video.height=128")
-    assert result.returncode == 0, result.stderr
+    listener = _listener("-listen", "1", "-probesize", "32768", "-analyzeduration", "0", "-i", url, "-c", "copy",
+                         "-flush_packets", "1", "-y", str(got))
+    out, go = tmp_path / "out.mp4", tmp_path / "go"
+    audio = speech(tmp_path / "speech.wav", 6.0)
+    start = time.monotonic()
+    render = held_render(go, 4, "--audio", str(audio), "-o", str(out), "--live", url, "-q", "video.width=128",
+                         "video.height=128")
+    try:  # seen while the render is held before its fourth chunk (3.8 s published), so before it ended
+        wait_until(lambda: got.exists() and got.stat().st_size >= 4096, render)
+        assert not out.exists() and not go.exists()
+    finally:
+        go.touch()
+    _, stderr = render.communicate(timeout=240)
+    assert render.returncode == 0, stderr
     listener.wait(timeout=30)
-    first.done.set()
     file = probe(str(out), FPS)
     assert file.frames == 150
     _check(probe(str(got), FPS), file)
-    assert first.at is not None and first.at < out.stat().st_mtime  # seen before the render had ended
-    assert time.time() - start >= 6.0  # paced at wall-clock speed: six seconds of video take six seconds
+    assert time.monotonic() - start >= 6.0  # paced at wall-clock speed: six seconds of video take six seconds
 
 
 @pytest.mark.slow
 @needs_ffmpeg
 def test_srt_listener_gets_every_frame(tmp_path: Path) -> None:
+    """The listener has the stream's first bytes while the render is held before its fourth chunk (N0, N1,
+    I0 published: 3.8 s), so before the output exists; no clock is compared."""
     port = free_port(2)  # UDP
     got = tmp_path / "got.ts"
-    listener = _listener("-i", f"srt://127.0.0.1:{port}?mode=listener", "-c", "copy", "-f", "mpegts", "-y", str(got))
-    first = FirstBytes(got)
-    out = tmp_path / "out.mp4"
-    result = _render(tmp_path, 5.0, "-o", str(out), "--live", f"srt://127.0.0.1:{port}", "-q", "video.width=128",
-                     "video.height=128")
-    assert result.returncode == 0, result.stderr
+    listener = _listener("-probesize", "32768", "-analyzeduration", "0", "-i", f"srt://127.0.0.1:{port}?mode=listener",
+                         "-c", "copy", "-f", "mpegts", "-flush_packets", "1", "-y", str(got))
+    out, go = tmp_path / "out.mp4", tmp_path / "go"
+    audio = speech(tmp_path / "speech.wav", 5.0)
+    render = held_render(go, 4, "--audio", str(audio), "-o", str(out), "--live", f"srt://127.0.0.1:{port}", "-q",
+                         "video.width=128", "video.height=128")
+    try:
+        wait_until(lambda: got.exists() and got.stat().st_size >= 4096, render)
+        assert not out.exists() and not go.exists()  # the render is still held
+    finally:
+        go.touch()
+    _, stderr = render.communicate(timeout=240)
+    assert render.returncode == 0, stderr
     listener.wait(timeout=30)
-    first.done.set()
     _check(probe(str(got), FPS), probe(str(out), FPS))
-    assert first.at is not None and first.at < out.stat().st_mtime
 
 
 @pytest.mark.slow
 @needs_ffmpeg
 def test_served_hls_followed_by_ffmpeg_while_rendering(tmp_path: Path) -> None:
     audio = speech(tmp_path / "speech.wav", 12.0)
-    out = tmp_path / "out.mp4"
-    proc = subprocess.Popen(render_cmd("--audio", str(audio), "-o", str(out), "--serve", "0", "--serve-linger", "5",
-                                       "-q",
-                                       "chunk.transition_frames=0"),  # 2 s chunks, each a segment
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
+    out, go = tmp_path / "out.mp4", tmp_path / "go"
+    # held before its third chunk: the viewer gets the playlist while the render cannot have ended
+    proc = held_render(go, 3, "--audio", str(audio), "-o", str(out), "--serve", "0", "--serve-linger", "5", "-q",
+                       "chunk.transition_frames=0")  # 2 s chunks, each a segment
     url = re.search(r"http://\S+", proc.stdout.readline()).group(0)
     copy = tmp_path / "copy.mkv"
-    while not _get(url + "live/live.m3u8"):  # the playlist appears with its first segment
-        time.sleep(0.05)
-        assert proc.poll() is None, proc.stdout.read()
-    listed_at = time.time()
+    try:
+        wait_until(lambda: _get(url + "live/live.m3u8"), proc)  # the playlist appears with its first segment
+        assert not out.exists() and not go.exists()
+    finally:
+        go.touch()
     follower = subprocess.run([FFMPEG, "-hide_banner", "-loglevel", "verbose", "-live_start_index", "0", "-i",
                                url + "live/live.m3u8",
                                "-c", "copy", "-y", str(copy)], capture_output=True, text=True, timeout=120)
     assert follower.returncode == 0, follower.stderr[-2000:]
-    assert proc.wait(timeout=60) == 0, proc.stdout.read()
+    assert proc.wait(timeout=60) == 0, proc.communicate()
     _check(probe(str(copy), FPS), probe(str(out), FPS))
     opened = re.findall(r"Opening '([^']+\.m4s)' for reading", follower.stderr)
     assert opened[0].endswith("live-000000000.m4s") and len(opened) == 6  # a 2-s segment per GOP, each once
-    assert listed_at < out.stat().st_mtime  # the viewer had the first segment before the render ended
 
 
 def _get(url: str) -> bool:
@@ -139,19 +162,22 @@ def _get(url: str) -> bool:
 def test_watch_page_plays_in_chromium_while_rendering(tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="needs Playwright (pip install -e '.[test]')")
     audio = speech(tmp_path / "speech.wav", 16.0)
-    out = tmp_path / "out.mp4"
+    out, go = tmp_path / "out.mp4", tmp_path / "go"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update",
              "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required"]
     with sync_api.sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
         browser = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=flags)
         page = browser.new_page()
-        proc = subprocess.Popen(render_cmd("--audio", str(audio), "-o", str(out), "--serve", "0", "--serve-linger", "2",
-                                           "-q"),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
+        # held before its fourth chunk: the first frame shows while the render cannot have ended
+        proc = held_render(go, 4, "--audio", str(audio), "-o", str(out), "--serve", "0", "--serve-linger", "2", "-q")
         url = re.search(r"http://\S+", proc.stdout.readline()).group(0)
-        page.goto(url)
-        page.wait_for_function("window.watch.firstFrameAt !== null", timeout=120_000)
+        try:
+            page.goto(url)
+            page.wait_for_function("window.watch.firstFrameAt !== null", timeout=120_000)  # (a hang guard)
+            assert not out.exists() and not go.exists()
+        finally:
+            go.touch()
         page.evaluate("document.getElementById('video').playbackRate = 2")  # (a quicker test)
         page.wait_for_function("window.watch.ended", timeout=120_000)
         seen = page.evaluate("""() => { const v = document.getElementById('video');
@@ -160,8 +186,7 @@ def test_watch_page_plays_in_chromium_while_rendering(tmp_path: Path) -> None:
                     buffered: v.buffered.end(v.buffered.length - 1), audio: v.webkitAudioDecodedByteCount,
                     errors: window.watch.errors}; }""")
         browser.close()
-    assert proc.wait(timeout=60) == 0, proc.stdout.read()
-    assert seen["first"] / 1000 < out.stat().st_mtime  # the first frame showed before the render ended
+    assert proc.wait(timeout=60) == 0, proc.communicate()
     assert seen["frames"] == 400  # every frame decoded
     assert abs(seen["duration"] - 16.0) < FRAME and abs(seen["buffered"] - 16.0) < 2 * FRAME
     assert seen["audio"] > 0
@@ -241,11 +266,13 @@ def test_hls_playlist_continues_after_a_stop_and_resume(tmp_path: Path) -> None:
     # a paced push target slows the render to real time, so that it can be stopped half-way
     port = int(args[-1].split(":")[2].split("/")[0])
     listener = _listener("-listen", "1", "-i", args[-1], "-c", "copy", "-f", "null", "-")
-    proc = subprocess.Popen(render_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-    while not (playlist.exists() and playlist.read_text().count("#EXTINF") >= 2):
-        time.sleep(0.05)
-        assert proc.poll() is None, proc.communicate()
-    proc.send_signal(signal.SIGINT)
+    go = tmp_path / "go"
+    proc = held_render(go, 4, *args)  # held before its fourth chunk: stopped half-way, whatever the machine's speed
+    try:
+        wait_until(lambda: playlist.exists() and playlist.read_text().count("#EXTINF") >= 2, proc)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        go.touch()
     assert proc.wait(timeout=60) == 130, proc.communicate()
     listener.wait(timeout=30)
     stopped = playlist.read_text()
@@ -310,17 +337,21 @@ def test_underrun_policies_against_a_listener(tmp_path: Path, policy: str) -> No
 def test_a_dropped_connection_is_retried_and_the_file_completes(tmp_path: Path) -> None:
     port = free_port()
     url = f"rtmp://127.0.0.1:{port}/live/drop"
-    first = _listener("-listen", "1", "-i", url, "-c", "copy", "-y", str(tmp_path / "a.flv"))
+    got = tmp_path / "a.flv"
+    first = _listener("-listen", "1", "-probesize", "32768", "-analyzeduration", "0", "-i", url, "-c", "copy",
+                      "-flush_packets", "1", "-y", str(got))
     audio = speech(tmp_path / "speech.wav", 8.0)
-    out = tmp_path / "out.mp4"
-    proc = subprocess.Popen(render_cmd("--audio", str(audio), "-o", str(out), "--live", url, "--live-buffer", "1",
-                                       "video.width=64", "video.height=64"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-    time.sleep(4.0)
-    first.kill()  # the server goes away mid-stream ...
-    first.wait()
-    time.sleep(1.0)
-    second = _listener("-listen", "1", "-i", url, "-c", "copy", "-y", str(tmp_path / "b.flv"))  # ... and comes back
+    out, go = tmp_path / "out.mp4", tmp_path / "go"
+    # held before its fourth chunk: the stream is cut and the server back before the render can have ended
+    proc = held_render(go, 4, "--audio", str(audio), "-o", str(out), "--live", url, "--live-buffer", "1",
+                       "video.width=64", "video.height=64")
+    try:
+        wait_until(lambda: got.exists() and got.stat().st_size >= 1024, proc)  # streaming to the first server
+        first.kill()  # the server goes away mid-stream ...
+        first.wait()
+        second = _listener("-listen", "1", "-i", url, "-c", "copy", "-y", str(tmp_path / "b.flv"))  # ... comes back
+    finally:
+        go.touch()
     said, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     second.wait(timeout=30)

@@ -419,6 +419,9 @@ def test_resume_with_nothing_to_resume_starts_afresh(work, face_png, tmp_path):
     report, messages = api_render(tmp_path, face_png, audio, "n.mp4", resume=True, report=tmp_path / "n.json")
     assert ("info", f"Nothing to resume for '{tmp_path / 'n.mp4'}'; starting from the beginning.") in messages
     assert report.frames == 75 and chunk_hashes(tmp_path / "n.json") == hashes
+    with pytest.raises(AvatarRenderError, match=r"^Nothing to resume: '.*n.mp4' is complete \(no interrupted render "
+                                                r"of it is left\); pass --force instead of --resume"):
+        api_render(tmp_path, face_png, audio, "n.mp4", resume=True)  # finished: said so, not "already exists"
 
 
 def test_journal_is_cheap_and_small(work, face_png, tmp_path):
@@ -463,3 +466,23 @@ def test_diffusion_loop_resumes_exactly_and_checkpoints_hold_latents_not_the_dec
         assert [p.start for p in got] == [p.start for p in want]
         assert all(np.array_equal(a.frames, b.frames) for a, b in zip(got, want))
     assert full[checkpoints[-2]].state.decode_carry.decoded > 39
+
+
+def test_resume_under_other_live_options_is_refused_as_its_keyframes_would_change(work, face_png, tmp_path):
+    """A live render has keyframes every --live-gop; resumed without its live options the file's GOP would
+    change at the resume point: refused in one sentence (the dry run says the same), then resumed with them."""
+    from avatar_render.job.types import LiveOptions
+
+    _, audio, _, _ = work
+    (tmp_path / "hls").mkdir()
+    live = LiveOptions(targets=(str(tmp_path / "hls" / "live.m3u8"),), gop_seconds=0.5)
+    with pytest.raises(RenderStopped):
+        api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=10", live=live, should_stop=stop_after(5))
+    words = r"keyframe every 0.5 s and would now have one every 10 s .*resume with the live options it was started"
+    with pytest.raises(AvatarRenderError, match=words):
+        api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=10", resume=True)
+    done = cli("render", "--ref", face_png, "--audio", audio, "-o", tmp_path / "l.mp4", "--resume", "--dry-run",
+               *SMALL, "video.gop_seconds=10", cwd=tmp_path)
+    assert done.returncode == 1 and "would now have one every 10 s" in one_error_line(done)
+    report, _ = api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=10", resume=True, live=live)
+    assert report.resumed_frames > 0 and report.frames == 75

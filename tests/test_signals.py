@@ -42,8 +42,11 @@ def test_first_signal_finishes_the_chunk_and_keeps_a_resumable_file(work, face_p
     assert done.returncode == code
     frames = plan_end(d / "ref.json", 6)
     partial = partial_path(d / f"{name}.mp4")
+    first = {signal.SIGINT: "stopping at the next keyframe; press Ctrl-C again to stop at once.",
+             signal.SIGTERM: "SIGTERM received: stopping at the next keyframe; a second SIGTERM (or Ctrl-C) stops at "
+                             "once."}[sig]
     assert stderr_lines(done) == [
-        "Warning: stopping at the next keyframe; press Ctrl-C again to stop at once.",
+        f"Warning: {first}",
         f"Warning: Stopped at a keyframe: '{partial.name}' holds the first {frames} frames ({frames / 25:.1f} s); "
         "run the same command with --resume to continue.",
     ]

@@ -17,6 +17,7 @@ class Planned:
     unpaired: tuple[Path, ...]  # files of a folder source that found no partner
     workers: int  # jobs run side by side on this machine (0: as many as Ray places)
     where: str  # "this machine" or the Ray cluster's address
+    frames_expected: tuple[Optional[int], ...] = ()  # per job of to_run: its frames from the audio's metadata
 
 
 @dataclass(frozen=True)

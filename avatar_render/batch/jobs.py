@@ -22,6 +22,11 @@ class Job:
     origin: str = ""  # where it came from, for messages: "jobs.csv line 4", "folder 'clips'"
 
     @property
+    def output_name(self) -> str:
+        """The output as a user names it: its path inside the batch folder ('en/grace.mp4')."""
+        return self.name + self.output.suffix
+
+    @property
     def key(self) -> str:
         """A file-name-safe id, unique per name (so per output): names the job's ledger record, report and
         thumbnail. Made from the name, not the absolute path, so that a batch folder can be moved."""
@@ -63,6 +68,7 @@ class Outcome:
     resumed_frames: int = 0
     processes: int = 1  # that rendered it (more under torchrun)
     report: Optional[Path] = None  # the job's JSON render report
+    figures_from: str = ""  # a skipped job: when the earlier run its figures come from ended ("": this run's)
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status

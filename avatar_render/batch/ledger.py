@@ -146,25 +146,25 @@ class Ledger:
             if record.get("status") != "done":
                 return Decision(
                     "refuse",
-                    f"'{job.output.name}' already exists and was not rendered by this batch; "
+                    f"'{job.output_name}' already exists and was not rendered by this batch; "
                     "pass --force to replace it.",
                 )
             if record.get("identity") != ident:
                 return Decision(
                     "refuse",
-                    f"'{job.output.name}' was rendered from other inputs or another config; "
+                    f"'{job.output_name}' was rendered from other inputs or another config; "
                     "pass --force to render it again.",
                 )
             if record.get("output_stat") != file_stat(job.output):
                 return Decision(
                     "refuse",
-                    f"'{job.output.name}' was changed after this batch rendered it; pass --force to render it again.",
+                    f"'{job.output_name}' was changed after this batch rendered it; pass --force to render it again.",
                 )
             return Decision("skip", "complete, with the same inputs and config")
         if partial_exists and record.get("identity") not in (None, ident):
             return Decision(
                 "refuse",
-                f"a partial render of '{job.output.name}' from other inputs or another config is in the "
+                f"a partial render of '{job.output_name}' from other inputs or another config is in the "
                 "way; pass --force to start it over.",
             )
         return Decision("render")

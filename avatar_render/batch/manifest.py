@@ -38,7 +38,7 @@ def read_manifest(path: Path, *, out_dir: Path) -> tuple[Job, ...]:
         job = _job(row, where=where, base=path.parent, out_dir=Path(out_dir))
         if job.output in seen:
             raise AvatarRenderError(
-                f"{where}: its output '{job.output.name}' is already written by the job of {seen[job.output]}."
+                f"{where}: its output '{job.output_name}' is already written by the job of {seen[job.output]}."
             )
         if job.output in (job.reference, job.audio):
             raise AvatarRenderError(f"{where}: its output is one of its inputs.")

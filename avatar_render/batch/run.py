@@ -3,9 +3,10 @@ what to skip, render the rest (on this machine or on Ray), record each outcome, 
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
@@ -25,6 +26,7 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import os_reason, shown
 from avatar_render.files.targets import check_folder, check_target
 from avatar_render.files.write import make_folder, remove
+from avatar_render.io.audio import estimated_seconds
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class BatchPlan:
     identities: dict[str, dict]  # key -> identity and input fingerprints
     shard: Optional[Shard]
     config: Config
+    frames_expected: dict[str, Optional[int]] = field(default_factory=dict)  # key -> frames (from metadata)
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,9 @@ def plan_batch(request: BatchRequest) -> BatchPlan:
     shard = request.shard or slurm_shard()
     jobs = tuple(shard.select(listed.jobs)) if shard else listed.jobs
     ledger = Ledger(out)
-    decisions, identities = {}, {}
+    decisions, identities, frames = {}, {}, {}
     for job in jobs:
+        frames[job.key] = expected_frames(job.audio, configs[job.overrides])
         known = ledger.get(job) or {}
         try:
             ref_fp = ledger_mod.fingerprint(job.reference, known.get("reference_fp"))
@@ -108,8 +112,18 @@ def plan_batch(request: BatchRequest) -> BatchPlan:
             job, ident, partial_exists=partial_path(job.output).exists(), force=request.force
         )
     return BatchPlan(
-        jobs=jobs, unpaired=listed.unpaired, decisions=decisions, identities=identities, shard=shard, config=base
+        jobs=jobs, unpaired=listed.unpaired, decisions=decisions, identities=identities, shard=shard, config=base,
+        frames_expected=frames,
     )
+
+
+def expected_frames(audio: Path, cfg: Config) -> Optional[int]:
+    """The frames a job will have, from its audio's metadata (None when it does not say)."""
+    try:
+        seconds = estimated_seconds(audio)
+    except AvatarRenderError:  # the job fails in its turn, with its own message
+        return None
+    return None if seconds is None else math.ceil(seconds * cfg.fps)
 
 
 def run_batch(
@@ -146,14 +160,16 @@ def _run_locked(request: BatchRequest, plan: BatchPlan, locks: JobLocks, *, out:
             # decided again now that the job is ours: another batch may have finished it meanwhile
             decision = ledger.decide(job, plan.identities[job.key]["identity"],
                                      partial_exists=partial_path(job.output).exists(), force=request.force)
-        if decision.action == "skip":
+        if decision.action == "skip":  # the figures of the run that rendered it, marked as such
+            record = ledger.get(job) or {}
             kept = {
                 k: v
-                for k, v in (ledger.get(job) or {}).get("summary", {}).items()
-                if k in ("frames", "duration_s", "generated_fps")
+                for k, v in record.get("summary", {}).items()
+                if k in ("frames", "duration_s", "generated_fps", "wall_s", "resumed_frames")
             }
             outcomes[job.key] = Outcome(
-                job, "skipped", reason=decision.reason, **kept, report=files / "reports" / f"{job.key}.json"
+                job, "skipped", reason=decision.reason, **kept, report=files / "reports" / f"{job.key}.json",
+                figures_from=str(record.get("updated", "")) if kept else "",
             )
         elif decision.action == "refuse":
             outcomes[job.key] = Outcome(job, "failed", reason=decision.reason)
@@ -170,6 +186,7 @@ def _run_locked(request: BatchRequest, plan: BatchPlan, locks: JobLocks, *, out:
             skipped=tuple(o for o in outcomes.values() if o.status == "skipped"),
             refused=tuple(o for o in outcomes.values() if o.status == "failed"),
             unpaired=plan.unpaired,
+            frames_expected=tuple(plan.frames_expected.get(t.job.key) for t in tasks),
             workers=0 if request.on_ray else workers,
             where=f"Ray ({request.ray_address or 'its default cluster'})" if request.on_ray else "this machine",
         )

@@ -72,6 +72,7 @@ def summary_record(
                 "resumed_frames": o.resumed_frames,
                 "processes": o.processes,
                 "report": rel(o.report),
+                "figures_from": o.figures_from,
                 "thumbnail": rel(thumbs.get(o.job.key)),
             }
         )
@@ -107,6 +108,13 @@ th{background:#f6f8fa}img{display:block;border-radius:4px;max-width:192px}.num{t
 .status{font-weight:600}.reason{max-width:36em;color:#57606a}"""
 
 
+def skipped_reason(job: dict[str, Any]) -> str:
+    """A skipped job's reason, and where its figures come from."""
+    if not job.get("figures_from"):
+        return job["reason"]
+    return f"{job['reason']}; not rendered again: the figures are from the run that ended {job['figures_from']}"
+
+
 def page(record: dict[str, Any], folder: Path) -> str:
     e = html.escape
     rows = []
@@ -123,7 +131,8 @@ def page(record: dict[str, Any], folder: Path) -> str:
             if job["status"] in ("done", "resumed", "skipped")
             else e(job["name"])
         )
-        ran, has_video = job["status"] in ("done", "resumed"), bool(job["frames"])
+        ran = job["status"] in ("done", "resumed") or bool(job.get("figures_from"))
+        has_video = bool(job["frames"])
         numbers = [
             f"{job['duration_s']:.1f} s" if has_video else "",
             str(job["frames"]) if has_video else "",
@@ -135,7 +144,7 @@ def page(record: dict[str, Any], folder: Path) -> str:
             f"<tr><td>{image}</td><td>{name}</td>"
             f'<td class="status" style="color:{colour}">{e(job["status"])}</td>'
             + "".join(f'<td class="num">{n}</td>' for n in numbers)
-            + f'<td class="reason">{e(job["reason"] if job["status"] != "skipped" else "")}</td></tr>'
+            + f'<td class="reason">{e(skipped_reason(job) if job["status"] == "skipped" else job["reason"])}</td></tr>'
         )
     tally = ", ".join(f"{n} {s}" for s, n in record["counts"].items() if n)
     title = f"avatar-render batch: {record.get('source', '')}"

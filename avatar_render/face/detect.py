@@ -29,8 +29,9 @@ class FaceDetector(Module):
 
     name = "face_detector"
 
-    def __init__(self) -> None:
+    def __init__(self, *, index: int | None = None) -> None:
         super().__init__()
+        self.index = index  # which face: the index-th from the left (from 1); None: the largest
         self._face: cv2.CascadeClassifier | None = None
         self._eyes: list[cv2.CascadeClassifier] = []
 
@@ -58,7 +59,14 @@ class FaceDetector(Module):
         self._face, *self._eyes = classifiers
 
     def detect(self, image: np.ndarray) -> FaceLayout | None:
-        """Layout of the largest frontal face in an (H, W, 3) uint8 RGB image, in its pixels; None if no face."""
+        """Layout of the chosen frontal face (``index``, else the largest) in an (H, W, 3) uint8 RGB image, in
+        its pixels; None if there is no such face."""
+        faces = self.faces(image)
+        chosen = self.choose(faces)
+        return None if chosen is None else self.layout(image, faces[chosen])
+
+    def faces(self, image: np.ndarray) -> tuple[Box, ...]:
+        """Every frontal face in an (H, W, 3) uint8 RGB image, left to right, in its pixels."""
         self.load()
         assert self._face is not None
         height, width = image.shape[:2]
@@ -68,11 +76,19 @@ class FaceDetector(Module):
             small = cv2.resize(image, (round(width * scale), round(height * scale)), interpolation=cv2.INTER_AREA)
         small = cv2.equalizeHist(cv2.cvtColor(np.ascontiguousarray(small), cv2.COLOR_RGB2GRAY))  # (h, w)
         min_side = max(24, round(0.05 * min(small.shape)))
-        faces = self._face.detectMultiScale(small, scaleFactor=1.1, minNeighbors=5, minSize=(min_side, min_side))
-        if len(faces) == 0:
-            return None
-        x, y, w, h = max(faces.tolist(), key=lambda f: f[2] * f[3])
-        face = Box(x / scale, y / scale, w / scale, h / scale)
+        found = self._face.detectMultiScale(small, scaleFactor=1.1, minNeighbors=5, minSize=(min_side, min_side))
+        boxes = [Box(x / scale, y / scale, w / scale, h / scale) for x, y, w, h in
+                 (found.tolist() if len(found) else [])]
+        return tuple(sorted(boxes, key=lambda b: (b.x, b.y)))
+
+    def choose(self, faces: tuple[Box, ...]) -> int | None:
+        """Which of ``faces`` (left to right) is rendered: the index-th, else the largest; None if none is."""
+        if self.index is not None:
+            return self.index - 1 if self.index <= len(faces) else None
+        return max(range(len(faces)), key=lambda i: faces[i].w * faces[i].h) if faces else None
+
+    def layout(self, image: np.ndarray, face: Box) -> FaceLayout:
+        """The layout of a face the detector found in ``image``, with its eyes where they are found."""
         eyes = self._find_eyes(image, face)
         if eyes is None:
             return layout_from_box(face, detected=True)
@@ -136,6 +152,36 @@ def _best_pair(candidates: list[_Candidate]) -> tuple[_Candidate, _Candidate] | 
 def find_face(image: np.ndarray, detector: FaceDetector, face_box: list[int] | None) -> FaceLayout | None:
     """The face layout of a reference: from the user's ``face_box`` when given (the detector is then
     never loaded), else from the detector; None when no face is found."""
+    return choose_face(image, detector, face_box)[0]
+
+
+def choose_face(image: np.ndarray, detector: FaceDetector,
+                face_box: list[int] | None) -> tuple[FaceLayout | None, str]:
+    """The face layout of a reference image as ``find_face`` gives it, and what a user should know when
+    it shows several faces (which one is rendered, how to pick another); a ``face.index`` beyond the faces
+    found is refused."""
     if face_box:
-        return layout_from_box(Box(*map(float, face_box)))
-    return detector.detect(image)
+        return layout_from_box(Box(*map(float, face_box))), ""
+    faces = detector.faces(image)
+    chosen = detector.choose(faces)
+    if detector.index is not None and chosen is None:
+        raise AvatarRenderError(f"face.index={detector.index} asks for the face {_ordinal(detector.index)} from the "
+                                f"left, but {_count(len(faces))} found in the reference.")
+    if chosen is None:
+        return None, ""
+    note = ""
+    if len(faces) > 1:
+        f = faces[chosen]
+        which = "the largest" if detector.index is None else f"face.index={detector.index}"
+        note = (f"{_count(len(faces))} found in the reference; rendering {which}, the {_ordinal(chosen + 1)} from "
+                f"the left ({f.w:.0f}x{f.h:.0f} px at x={f.x:.0f}, y={f.y:.0f}). face.index=1..{len(faces)} picks "
+                "another (counted from the left); face.box=[x,y,w,h] places one by hand.")
+    return detector.layout(image, faces[chosen]), note
+
+
+def _count(n: int) -> str:
+    return "no face was" if n == 0 else "1 face was" if n == 1 else f"{n} faces were"
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"

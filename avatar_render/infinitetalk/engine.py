@@ -66,7 +66,7 @@ def build_infinitetalk(cfg: Config, mesh: Mesh) -> Pipeline:
     return Pipeline(
         init=ModelInit(vae=comps.vae, text=comps.text, image=comps.image, prompt=m.prompt,
                        negative_prompt=m.negative_prompt, max_latents=max_latents, face_box=cfg.face.box,
-                       size=cfg.gen_size),
+                       size=cfg.gen_size, face_index=cfg.face.index),
         generate=(
             AudioContext(audio=comps.audio, context_latents=context_latents,
                          latent_hw=(cfg.gen_size[1] // 8, cfg.gen_size[0] // 8), vae=comps.vae, image=comps.image),

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from avatar_render.distributed.split_decode import RowSplit
-from avatar_render.face.detect import FaceDetector, find_face
+from avatar_render.face.detect import FaceDetector, choose_face
 from avatar_render.face.fit import fit_to_frame
 from avatar_render.face.layout import fallback_layout
 from avatar_render.infinitetalk.types import (
@@ -60,19 +60,20 @@ class ModelInit(Stage[RequestInput, ModelStatic]):
     output_type = ModelStatic
 
     def __init__(self, *, vae: WanVae, text: TextEncoder, image: ImageEncoder, prompt: str, negative_prompt: str,
-                 max_latents: int, face_box: list[int] | None = None, size: tuple[int, int] | None = None) -> None:
+                 max_latents: int, face_box: list[int] | None = None, size: tuple[int, int] | None = None,
+                 face_index: int | None = None) -> None:
         self.vae, self.text, self.image = vae, text, image
         self.face_box = face_box
         self.size = size  # (width, height) the model generates at; None = the request's (output) size
         self.prompt, self.negative_prompt = prompt, negative_prompt
         self.max_latents = max_latents  # the longest chunk, in latents
-        self.detector = FaceDetector()
+        self.detector = FaceDetector(index=face_index)
 
     def modules(self) -> tuple[Module, ...]:
         return (() if self.face_box else (self.detector,)) + (self.vae, self.text, self.image)
 
     def run(self, x: RequestInput, *, static: Any, carry: Any) -> tuple[ModelStatic, None]:
-        layout = find_face(x.reference, self.detector, self.face_box)
+        layout, note = choose_face(x.reference, self.detector, self.face_box)
         focus = None if layout is None else (layout.face.x, layout.face.y, layout.face.w, layout.face.h)
         width, height = self.size or (x.width, x.height)
         image, fit = fit_to_frame(x.reference, width, height, focus=focus)
@@ -93,7 +94,7 @@ class ModelInit(Stage[RequestInput, ModelStatic]):
         latents = cond[:, 4:]
         flat = pixels[0, :, 0].reshape(3, -1)
         return ModelStatic(
-            face_detected=layout is not None and layout.detected,
+            face_detected=layout is not None and layout.detected, face_note=note,
             cond=cond, ref_latent=latents[0, :, :1].clone(), clip_fea=clip, video=video,
             text=text, text_null=text_null, ref_mean=flat.mean(1), ref_std=flat.std(1),
             reference=image, layout=fallback_layout(width, height) if layout is None else layout.mapped(fit),

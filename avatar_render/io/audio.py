@@ -362,3 +362,11 @@ def _estimated_seconds(container: av.container.InputContainer, stream: av.AudioS
     if container.duration:
         return container.duration / av.time_base
     return None
+
+
+def estimated_seconds(path: str | Path) -> float | None:
+    """The audio's length from its container's metadata (None if unknown), for plans and ETAs only:
+    nothing is decoded."""
+    with _open(Path(path)) as container:
+        streams = container.streams.audio
+        return _estimated_seconds(container, streams[0]) if streams else None

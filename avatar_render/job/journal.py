@@ -105,6 +105,10 @@ def fingerprint(path: Path) -> dict[str, Any]:
     return {"name": path.name, "size": size, "sha256": digest.hexdigest(), "whole": size <= _WHOLE_HASH_MAX}
 
 
+def _seconds(gop: float) -> str:
+    return "chunk" if gop < 1e-3 else f"{gop:g} s"
+
+
 def identity(config: dict[str, Any], reference: Path, audio: Path) -> dict[str, Any]:
     """What a render started from; resuming needs the same."""
     try:
@@ -201,6 +205,11 @@ class Journal:
         for key, before, now in _differences(old.get("config", {}), ident["config"]):
             if key not in NEUTRAL_KEYS:
                 return f"the config key {shown(key)} was {before!r} and is now {now!r}"
+        before, now = old.get("gop_seconds"), ident.get("gop_seconds")
+        if before is not None and now is not None and before != now:
+            return (f"it was started with a keyframe every {_seconds(before)} and would now have one every "
+                    f"{_seconds(now)} (--serve and --live shorten it to --live-gop, --underrun hold to every chunk: "
+                    "resume with the live options it was started with)")
         return None
 
     def resume_point(self) -> tuple[Checkpoint, list[ChunkRecord]]:

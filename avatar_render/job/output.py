@@ -37,6 +37,14 @@ def check_output(output: Path, *, force: bool) -> None:
                  siblings=(partial_path(output).name, journal_path(output).name))
 
 
+def check_finished(output: Path, *, resume: bool, force: bool) -> None:
+    """``--resume`` of an output that is there and has no interrupted render beside it: nothing to resume."""
+    if resume and not force and os.path.lexists(output) and not os.path.lexists(partial_path(output)) \
+            and not os.path.lexists(journal_path(output)):
+        raise AvatarRenderError(f"Nothing to resume: {shown(output)} is complete (no interrupted render of it is "
+                                "left); pass --force instead of --resume to render it again.")
+
+
 def check_report(report: Optional[Path], *, force: bool, inputs: Inputs) -> None:
     """The report's path, before the first frame: a file in a folder that takes it, not an input or
     another output; an existing file is replaced only if it is a report of ours (or with ``force``)."""

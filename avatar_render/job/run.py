@@ -22,6 +22,7 @@ from avatar_render.job.journal import (
 from avatar_render.job.live import Live
 from avatar_render.job.loop import ChunkLoop
 from avatar_render.job.output import (
+    check_finished,
     check_output,
     check_partial,
     check_report,
@@ -67,6 +68,7 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry:
         return _run_live_only(request, mesh, live, telemetry=telemetry, on_progress=on_progress, on_message=on_message,
                               should_stop=should_stop)
     output = Path(request.output)
+    check_finished(output, resume=request.resume, force=request.force)
     check_output(output, force=request.force)
     written = {"output": output, "partial file": partial_path(output), "resume journal": journal_path(output)}
     inputs = request_inputs(request)
@@ -83,7 +85,7 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry:
             for note in job.notes:
                 on_message("warning", note)
             _check_face(job.static, request, on_message)
-            journal, point = _start(journal, request, prior, telemetry, on_message)
+            journal, point = _start(journal, request, prior, telemetry, on_message, live=live)
             broadcast(mesh, point[0] if point else None)
             loop = ChunkLoop(request, job, telemetry, journal, on_progress=on_progress, should_stop=should_stop,
                              live=live)
@@ -126,12 +128,12 @@ def finished_render(request: RenderRequest, on_message: OnMessage) -> Optional[R
 
 
 def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[Commit], telemetry: Telemetry,
-           on_message: OnMessage) -> tuple[Journal, Optional[tuple[Checkpoint, list[ChunkRecord]]]]:
+           on_message: OnMessage, *,
+           live: Optional[Live]) -> tuple[Journal, Optional[tuple[Checkpoint, list[ChunkRecord]]]]:
     """The journal to write, and the point to go on from (None: from the beginning)."""
     cfg, output = request.config, Path(request.output)
     with telemetry.stage("inputs"):
-        ident = identity(OmegaConf.to_container(OmegaConf.structured(cfg)), Path(request.reference),
-                         Path(request.audio))
+        ident = render_identity(request, live)
     if prior is not None:
         why = journal.mismatch(ident)
         if why:
@@ -149,6 +151,14 @@ def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[C
     return journal, None
 
 
+def render_identity(request: RenderRequest, live: Optional[Live]) -> dict:
+    """What a render starts from, as its journal records it: the config, the inputs and the keyframe interval
+    the live options give the file (a resume under other live options would change it mid-file)."""
+    cfg = request.config
+    ident = identity(OmegaConf.to_container(OmegaConf.structured(cfg)), Path(request.reference), Path(request.audio))
+    return {**ident, "gop_seconds": cfg.video.gop_seconds if live is None else live.gop_seconds(cfg)}
+
+
 def _playlists(live: Optional[Live]) -> dict[str, Path]:
     paths = [t.path for t in (live.targets if live else ()) if t.path is not None]
     return {"playlist" if i == 0 else f"playlist {i + 1}": path for i, path in enumerate(paths)}
@@ -156,6 +166,8 @@ def _playlists(live: Optional[Live]) -> dict[str, Path]:
 
 def _check_face(static: StaticConditioning, request: RenderRequest, on_message: OnMessage) -> None:
     cfg = request.config
+    if static.face_note:
+        on_message("warning", static.face_note)
     if static.face_detected or cfg.face.box is not None:
         return
     if cfg.run.no_face == "error":

@@ -44,6 +44,13 @@ class RenderStopped(Exception):
                 f"({self.seconds:.1f} s); run the same command with --resume to continue.")
 
 
+def stopping_notice(signum: int) -> str:
+    """What a render says on its first stop signal: how it stops, and how to stop it at once."""
+    if signum == signal.SIGTERM:
+        return "SIGTERM received: stopping at the next keyframe; a second SIGTERM (or Ctrl-C) stops at once."
+    return "stopping at the next keyframe; press Ctrl-C again to stop at once."
+
+
 class StopSignals:
     """A context manager for the main thread: while active, the first SIGINT/SIGTERM only records a
     stop request (``stop()`` turns true, ``on_first(signum)`` is called), a second raises StopNow.

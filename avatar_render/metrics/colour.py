@@ -103,10 +103,15 @@ class ColourDrift:
         self.ref_frame = mean_lab(reference.image)
         self.face, self.frame = Track(), Track()
 
-    def update(self, frame: np.ndarray, shift: tuple[float, float]) -> None:
-        """frame: (H, W, 3) uint8 RGB; shift: where the face moved, in pixels."""
-        self.face.append(ciede2000(mean_lab(patch(frame, self.face_box, shift=shift), self.mask), self.ref_face))
-        self.frame.append(ciede2000(mean_lab(frame), self.ref_frame))
+    def update(self, frame: np.ndarray, shift: tuple[float, float], *, against: np.ndarray | None = None) -> None:
+        """frame: (H, W, 3) uint8 RGB; shift: where the face moved, in pixels; against: the source frame at the
+        same time (a video reference), whose face moved with it, compared instead of the reference."""
+        ref_face, ref_frame = self.ref_face, self.ref_frame
+        if against is not None:
+            ref_face = mean_lab(patch(against, self.face_box, shift=shift), self.mask)
+            ref_frame = mean_lab(against)
+        self.face.append(ciede2000(mean_lab(patch(frame, self.face_box, shift=shift), self.mask), ref_face))
+        self.frame.append(ciede2000(mean_lab(frame), ref_frame))
 
     def result(self, fps: float) -> ColourDriftResult:
         face, frame = OverTime.of(self.face.numpy(), fps), OverTime.of(self.frame.numpy(), fps)

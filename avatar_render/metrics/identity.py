@@ -34,8 +34,10 @@ class IdentityTracker:
         self.ref = face_descriptor(patch(luma(reference.image), self.box))
         self.values = Track()
 
-    def update(self, gray: np.ndarray, shift: tuple[float, float]) -> None:
-        self.values.append(float(face_descriptor(patch(gray, self.box, shift=shift)) @ self.ref))
+    def update(self, gray: np.ndarray, shift: tuple[float, float], *, against: np.ndarray | None = None) -> None:
+        """against: (H, W) grey of the source frame at the same time (a video reference), compared instead."""
+        ref = self.ref if against is None else face_descriptor(patch(against, self.box, shift=shift))
+        self.values.append(float(face_descriptor(patch(gray, self.box, shift=shift)) @ ref))
 
     def result(self, fps: float) -> IdentityResult:
         return IdentityResult(method=METHOD, similarity=OverTime.of(self.values.numpy(), fps, worst_is_max=False))

@@ -20,6 +20,8 @@ from avatar_render.files.write import replace_atomically
 from avatar_render.metrics.blinks import BlinkResult, EyeClosure
 from avatar_render.metrics.colour import ColourDrift, ColourDriftResult
 from avatar_render.metrics.identity import IdentityResult, IdentityTracker
+from avatar_render.metrics.lips import MEASURE as LIPS_MEASURE
+from avatar_render.metrics.lips import lip_opening
 from avatar_render.metrics.motion import HeadMotionResult, HeadTracker
 from avatar_render.metrics.regions import Reference, fitted_reference, frame_reference, luma
 from avatar_render.metrics.seams import FrameChange, SeamResult, load_report, seam_result
@@ -28,6 +30,8 @@ from avatar_render.metrics.sharpness import FaceSharpness, SharpnessResult
 from avatar_render.metrics.source import SourceComparison, SourceResult, video_reference
 from avatar_render.metrics.speech import MouthActivity, MouthSyncResult, iter_frame_levels, mouth_sync
 from avatar_render.metrics.video import iter_frames, probe_video
+
+SOURCE_FRAME = "source frame at the same time"  # a video reference: each frame against the source at its time
 
 
 @dataclass(frozen=True)
@@ -48,17 +52,18 @@ class Series:
     colour_face: np.ndarray  # CIEDE2000
     colour_frame: np.ndarray
     identity: np.ndarray  # similarity
-    mouth: np.ndarray  # mouth activity, grey levels
+    mouth: np.ndarray  # the inner-lip opening (eye distances) where landmarks are found, else mouth activity (grey)
     speech_rms: np.ndarray | None  # audio RMS per frame
     eyes: np.ndarray  # eye closure, grey levels
     head: np.ndarray  # (T, 2) face shift, pixels
     sharpness: np.ndarray  # variance of the Laplacian of the face patch
+    mouth_is_lips: bool = False  # mouth: the inner-lip opening (else the mouth region's motion)
 
 
 @dataclass(frozen=True, eq=False)
 class InspectResult:
     video: VideoSummary
-    reference: str  # what the metrics compare against
+    reference: str  # what the metrics compare against: "reference image", "first frame" or SOURCE_FRAME
     face_found: bool
     colour: ColourDriftResult
     seams: SeamResult | None
@@ -71,6 +76,12 @@ class InspectResult:
     missing: dict[str, str] = field(default_factory=dict)  # metric -> why it could not be measured
     notes: tuple[str, ...] = ()
     series: Series | None = None
+    reference_file: str | None = None  # the --ref file's name
+
+    @property
+    def compared_with(self) -> str:
+        """What the metrics compare against, for the table and the plots."""
+        return self.reference + ("" if self.reference_file is None else f" of '{self.reference_file}'")
 
     def to_dict(self) -> dict[str, Any]:
         """Everything but the per-frame series, JSON-ready."""
@@ -135,6 +146,7 @@ def inspect_video(
         # (a dub's mouth rests shut, whatever the source's first frame shows: its rest is its own quietest moment)
         mouth = MouthActivity(ref, rest_from_reference=reference is not None and source is None, fps=fps)
         eyes, identity, rms = EyeClosure(ref), IdentityTracker(ref), Track()
+        lips = lip_opening(ref)
         sharpness = FaceSharpness(ref)
         count = 0
         for frame in _chain(first, frames):
@@ -143,11 +155,16 @@ def inspect_video(
             level = next(levels) if levels is not None else None
             if level is not None:
                 rms.append(level)
-            colour.update(frame, shift)
+            against = source.frame(count) if source is not None else None  # the source frame at this time
+            if against is not None and against.shape != frame.shape:
+                against = None
+            colour.update(frame, shift, against=against)
             change.update(gray)
             mouth.update(gray, shift, level)
+            if lips is not None:
+                lips.update(frame)
             eyes.update(gray, shift)
-            identity.update(gray, shift)
+            identity.update(gray, shift, against=None if against is None else luma(against))
             sharpness.update(gray, shift)
             if source is not None:
                 source.update(count, gray)
@@ -161,11 +178,14 @@ def inspect_video(
     mouth.finish()
     if on_progress is not None:
         on_progress(count, count)
+    opening = None if lips is None else lips.series()
     parts = dict(tracker=tracker, colour=colour, change=change, mouth=mouth, eyes=eyes, identity=identity,
-                 sharpness=sharpness)
+                 sharpness=sharpness, opening=opening)
     result = _result(info, ref, rep, speech, rms.numpy() if levels is not None else None, count, **parts)
-    if source is not None:
-        result = dataclasses.replace(result, source=source.result(change.values.numpy()))
+    if reference is not None:
+        result = dataclasses.replace(result, reference_file=Path(reference).name)
+    if source is not None:  # colour and identity were compared with the source frame at each frame's time
+        result = dataclasses.replace(result, source=source.result(change.values.numpy()), reference=SOURCE_FRAME)
     return result
 
 
@@ -175,7 +195,7 @@ def _chain(first: np.ndarray, rest):
 
 
 def _result(info, ref: Reference, rep, speech, rms, count, *, tracker, colour, change, mouth, eyes, identity,
-            sharpness) -> InspectResult:
+            sharpness, opening) -> InspectResult:
     fps = float(info.fps)
     missing: dict[str, str] = {}
     notes: list[str] = []
@@ -193,13 +213,15 @@ def _result(info, ref: Reference, rep, speech, rms, count, *, tracker, colour, c
     if rms is None:
         missing["mouth"] = "needs speech: pass --audio or a video with an audio track"
     else:
-        sync = mouth_sync(mouth.values.numpy(), rms, fps=fps, audio=str(speech))
+        sync = (mouth_sync(mouth.values.numpy(), rms, fps=fps, audio=str(speech)) if opening is None
+                else mouth_sync(opening, rms, fps=fps, audio=str(speech), measure=LIPS_MEASURE))
         if sync is None:
             missing["mouth"] = "the video is too short" if count < 3 else "the audio holds no speech"
     series = Series(
         frame_change=change.values.numpy(), colour_face=colour.face.numpy(), colour_frame=colour.frame.numpy(),
-        identity=identity.values.numpy(), mouth=mouth.values.numpy(), speech_rms=rms, eyes=eyes.values.numpy(),
-        head=tracker.positions(), sharpness=sharpness.values.numpy(),
+        identity=identity.values.numpy(), mouth=mouth.values.numpy() if opening is None else opening,
+        speech_rms=rms, eyes=eyes.values.numpy(),
+        head=tracker.positions(), sharpness=sharpness.values.numpy(), mouth_is_lips=opening is not None,
     )
     return InspectResult(
         video=VideoSummary(path=str(info.path), frames=count, fps=fps, width=info.width, height=info.height,

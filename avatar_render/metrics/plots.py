@@ -43,19 +43,20 @@ def plot_inspect(r: InspectResult, path: str | Path) -> Path:
     t = np.arange(r.video.frames) / fps
     sec = np.arange(len(r.colour.face.per_second)) + 0.5
     fig, axes = plt.subplots(3, 2, figsize=(13, 10), sharex=True)
-    fig.suptitle(f"{Path(r.video.path).name}: {r.video.duration_s:.1f} s, compared with the {r.reference}")
+    fig.suptitle(f"{Path(r.video.path).name}: {r.video.duration_s:.1f} s, compared with the {r.compared_with}")
 
     ax = axes[0, 0]
     ax.plot(sec, r.colour.face.per_second, "o-", ms=3, label="face skin")
     ax.plot(sec, r.colour.frame.per_second, "s-", ms=3, label="whole frame")
     ax.axhline(NOTICEABLE_DE, color="grey", ls="--", lw=1, label="noticeable")
-    ax.set(title="colour drift per second", ylabel="ΔE00 against the reference")
+    against = "source" if r.source is not None else "reference"
+    ax.set(title="colour drift per second", ylabel=f"ΔE00 against the {against}")
     ax.legend(fontsize=8)
 
     ax = axes[0, 1]
     ax.plot(t, s.identity, lw=0.6, alpha=0.5, label="per frame")
     ax.plot(sec, r.identity.similarity.per_second, "o-", ms=3, label="per second")
-    ax.set(title="identity similarity (" + r.identity.method.split(":")[0] + ")", ylabel="cosine, 1 = reference")
+    ax.set(title="identity similarity (" + r.identity.method.split(":")[0] + ")", ylabel=f"cosine, 1 = {against}")
     ax.legend(fontsize=8)
 
     ax = axes[1, 0]
@@ -74,7 +75,8 @@ def plot_inspect(r: InspectResult, path: str | Path) -> Path:
 
     ax = axes[1, 1]
     smooth = max(1, round(0.12 * fps)) * 2 + 1
-    ax.plot(t, _unit(moving_average(s.mouth, smooth)), lw=0.9, label="mouth movement")
+    ax.plot(t, _unit(moving_average(s.mouth, smooth)), lw=0.9,
+            label="lip opening" if s.mouth_is_lips else "mouth movement")
     if s.speech_rms is not None:
         ax.plot(t, _unit(moving_average(20 * np.log10(s.speech_rms + 1e-9).clip(-60), smooth)), lw=0.9, alpha=0.8,
                 label="speech level")

@@ -71,10 +71,20 @@ class SourceComparison:
         self.first = cv2.cvtColor(first, cv2.COLOR_RGB2GRAY).astype(np.int16)
         self.outside, self.outside_first, self.inside = Track(), Track(), Track()
         self.index: list[int] = []
+        self._at: tuple[int, np.ndarray, fm.FaceMesh | None] | None = None  # (output frame, source image, mesh)
+
+    def frame(self, frame_number: int) -> np.ndarray:
+        """(H, W, 3) uint8 RGB: the source frame shown at output frame ``frame_number``, fitted as the render
+        fitted it (the metrics compare each output frame with it)."""
+        if self._at is None or self._at[0] != frame_number:
+            image, mesh = fitted_frame(self.src, self.src.video.timeline.source_index(frame_number))
+            self._at = (frame_number, image, mesh)
+        return self._at[1]
 
     def update(self, frame_number: int, gray: np.ndarray) -> None:
         index = self.src.video.timeline.source_index(frame_number)
-        image, mesh = fitted_frame(self.src, index)
+        image = self.frame(frame_number)
+        mesh = self._at[2]
         source = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY).astype(np.int16)
         out = gray.astype(np.int16)
         if source.shape != out.shape:

@@ -26,6 +26,7 @@ SILENCE_DB = 30.0  # a frame this far below the loud passages is silent
 SILENCE_GUARD_S = 0.12  # silence must last this long on either side of a frame to count
 MIN_SILENCE_S = 0.25  # less sustained silence than this gives no silence figure
 REST_SEARCH_S = 10.0  # without a reference image, the mouth's rest is looked for this far in
+MOTION = "mouth-region motion against its rest"
 MAX_LAG_S = 0.4  # audio-video offsets searched on either side
 _BLOCK = 500  # frames of audio read at a time
 
@@ -60,6 +61,7 @@ class MouthSyncResult:
     silence_s: float  # seconds of sustained silence found
     speech_s: float
     audio: str
+    measure: str = MOTION  # what the mouth's series is
 
 
 class MouthActivity:
@@ -110,7 +112,8 @@ def speech_level_db(rms: np.ndarray) -> tuple[np.ndarray, float]:
     return np.clip(db, top - LEVEL_RANGE_DB, None), top
 
 
-def mouth_sync(activity: np.ndarray, rms: np.ndarray, *, fps: float, audio: str) -> MouthSyncResult | None:
+def mouth_sync(activity: np.ndarray, rms: np.ndarray, *, fps: float, audio: str,
+               measure: str = MOTION) -> MouthSyncResult | None:
     """activity, rms: (T,) per frame. None when the audio holds no speech."""
     n = min(len(activity), len(rms))
     activity, rms = activity[:n], rms[:n]
@@ -134,5 +137,5 @@ def mouth_sync(activity: np.ndarray, rms: np.ndarray, *, fps: float, audio: str)
     return MouthSyncResult(
         correlation=lags[0], best_lag_frames=int(best), best_lag_correlation=lags[best],
         silence_motion=silence_motion, silence_s=float(sustained.sum() / fps), speech_s=float(speech.sum() / fps),
-        audio=audio,
+        audio=audio, measure=measure,
     )

@@ -19,14 +19,15 @@ def _ratio(value: float | None) -> str:
 def summary_rows(r: InspectResult) -> list[tuple[str, str, str]]:
     v = r.video
     rows = [("video", f"{v.duration_s:.1f} s",
-             f"{v.frames} frames at {v.fps:g} fps, {v.width}x{v.height}; compared with the {r.reference}")]
+             f"{v.frames} frames at {v.fps:g} fps, {v.width}x{v.height}; compared with the {r.compared_with}")]
     c = r.colour
     rows.append(("colour drift, face (ΔE00)", f"{c.face.mean:.2f}",
                  _over_time(c.face, worst_word="worst", digits=2) + "; mean skin colour, eyes and mouth left out"))
     rows.append(("colour drift, frame (ΔE00)", f"{c.frame.mean:.2f}",
                  _over_time(c.frame, worst_word="worst", digits=2)))
     rows.append(("noticeable drift from", "never" if c.first_noticeable_s is None else f"{c.first_noticeable_s:.0f} s",
-                 f"first second whose mean colour is {NOTICEABLE_DE:g} ΔE00 or more off the reference"))
+                 f"first second whose mean colour is {NOTICEABLE_DE:g} ΔE00 or more off the "
+                 + ("source" if r.source is not None else "reference")))
     if r.source is not None:
         o = r.source
         wrap = "" if o.wrap_ratio is None else f"; worst turn of the loop {o.wrap_ratio:.2f} ({len(o.wraps)} turns)"
@@ -48,7 +49,7 @@ def summary_rows(r: InspectResult) -> list[tuple[str, str, str]]:
     else:
         m = r.mouth
         rows.append(("mouth vs speech", f"{m.correlation:.2f}",
-                     f"correlation of mouth movement with speech level; best {m.best_lag_correlation:.2f} "
+                     f"correlation of the mouth ({m.measure}) with speech level; best {m.best_lag_correlation:.2f} "
                      f"at a lag of {m.best_lag_frames:+d} frames (positive: the mouth follows the audio)"))
         silence = "n/a" if m.silence_motion is None else f"{m.silence_motion:.0%}"
         rows.append(("mouth in silence", silence,

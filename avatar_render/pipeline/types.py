@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ class StaticConditioning:
     """Base of every backend's static conditioning: computed once, kept for the whole request."""
 
     face_detected: bool  # False when the face position came from a fallback
+    face_note: str = field(default="", kw_only=True)  # several faces: which one is rendered, how to pick another
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from avatar_render.config import Config
-from avatar_render.face.detect import FaceDetector, find_face
+from avatar_render.face.detect import FaceDetector, choose_face
 from avatar_render.face.fit import fit_to_frame
 from avatar_render.face.landmarks import LandmarkModel, find_model
 from avatar_render.face.layout import fallback_layout
@@ -100,10 +100,11 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
     input_type = RequestInput
     output_type = PreviewStatic
 
-    def __init__(self, *, face_box: list[int] | None, landmarks: str, cache_mb: int = 256) -> None:
+    def __init__(self, *, face_box: list[int] | None, landmarks: str, cache_mb: int = 256,
+                 face_index: int | None = None) -> None:
         self.face_box = face_box
         self.cache_mb = cache_mb
-        self.detector = FaceDetector()
+        self.detector = FaceDetector(index=face_index)
         path = find_model(landmarks)
         self.landmarks = LandmarkModel(path) if path is not None else None
 
@@ -111,7 +112,7 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
         return (() if self.face_box else (self.detector,)) + ((self.landmarks,) if self.landmarks else ())
 
     def run(self, x: RequestInput, *, static: Any, carry: Any) -> tuple[PreviewStatic, None]:
-        layout = find_face(x.reference, self.detector, self.face_box)
+        layout, note = choose_face(x.reference, self.detector, self.face_box)
         detected = layout is not None and layout.detected
         focus = None if layout is None else (layout.face.x, layout.face.y, layout.face.w, layout.face.h)
         image, fit = fit_to_frame(x.reference, x.width, x.height, focus=focus)
@@ -124,7 +125,7 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
             mesh, kind = template_mesh(layout).mapped(fit), "template"
         else:
             mesh, kind = template_mesh(fallback_layout(x.width, x.height)), "fallback"
-        static = PreviewStatic(face_detected=detected, rig=build_rig(image, mesh), landmarks=kind)
+        static = PreviewStatic(face_detected=detected, rig=build_rig(image, mesh), landmarks=kind, face_note=note)
         if x.video is not None:
             dub = dub_source(x, detector=self.detector, landmarks=self.landmarks, face_box=self.face_box,
                              cache_mb=self.cache_mb)
@@ -275,7 +276,8 @@ class PreviewRender(Stage[MotionSegment, Frames]):
 def build_preview(cfg: Config) -> Pipeline:
     p = cfg.preview
     return Pipeline(
-        init=PreviewInit(face_box=cfg.face.box, landmarks=cfg.face.landmarks, cache_mb=cfg.reference.cache_mb),
+        init=PreviewInit(face_box=cfg.face.box, landmarks=cfg.face.landmarks, cache_mb=cfg.reference.cache_mb,
+                         face_index=cfg.face.index),
         generate=(
             SpeechContext(phones=p.phones),
             PreviewAnimator(

@@ -1,0 +1,55 @@
+"""``batch --dry-run``: the batch's checks (sources, configs, inputs readable, the ledger's decisions) and
+each job's plan, with nothing written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from avatar_render.batch.library import partial_path
+from avatar_render.batch.run import BatchRequest, plan_batch
+from avatar_render.config import load_config
+from avatar_render.errors import AvatarRenderError
+from avatar_render.files.names import shown
+from avatar_render.io.audio import AudioReader
+from avatar_render.io.reference import open_reference
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    name: str
+    action: str  # render | resume | skip | fail
+    reason: str  # skip: why; fail: the sentence the job would fail with
+    frames: Optional[int]  # from the audio's metadata
+
+
+def dry_run_batch(request: BatchRequest) -> tuple[JobPlan, ...]:
+    """What ``run_batch`` would do with each job of this shard; raises what it would refuse at once."""
+    out = Path(request.out)
+    if not out.is_dir() and not out.parent.is_dir():
+        raise AvatarRenderError(f"The output folder {shown(out)} does not exist, nor does the folder "
+                                f"{shown(out.parent)} it would be made in; create that first.")
+    plan = plan_batch(request)
+    config = Path(request.config).resolve() if request.config else None
+    plans = []
+    for job in plan.jobs:
+        decision = plan.decisions[job.key]
+        frames = plan.frames_expected.get(job.key)
+        if decision.action == "skip":
+            plans.append(JobPlan(job.name, "skip", decision.reason, frames))
+            continue
+        if decision.action == "refuse":
+            plans.append(JobPlan(job.name, "fail", decision.reason, frames))
+            continue
+        resumes = not decision.force and partial_path(job.output).exists()
+        try:
+            cfg = load_config(config, request.overrides + job.overrides)
+            open_reference(job.reference, fps=cfg.fps, timing=cfg.reference.timing)
+            with AudioReader(job.audio, fps=cfg.fps):
+                pass
+        except AvatarRenderError as e:
+            plans.append(JobPlan(job.name, "fail", str(e), frames))
+            continue
+        plans.append(JobPlan(job.name, "resume" if resumes else "render", "", frames))
+    return tuple(plans)

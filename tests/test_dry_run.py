@@ -1,0 +1,83 @@
+"""--dry-run: every check before the first frame, the plan printed, nothing written."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.media import speech_like, write_audio
+
+SMALL = ("video.width=96", "video.height=96")
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "avatar_render", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def tree(root: Path) -> dict:
+    """Every path under ``root`` with its size and modification time."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(folder, name))
+            found[os.path.relpath(os.path.join(folder, name), root)] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+@pytest.fixture
+def d(tmp_path: Path, face_png: Path) -> Path:
+    (tmp_path / "face.png").write_bytes(face_png.read_bytes())
+    write_audio(tmp_path / "talk.wav", speech_like(3.0, 16000), 16000)
+    return tmp_path
+
+
+def test_render_dry_run_prints_the_plan_and_writes_nothing(d):
+    before = tree(d)
+    done = cli("render", "--ref", d / "face.png", "--audio", d / "talk.wav", "-o", d / "out.mp4", "--report",
+               d / "r.json", "--dry-run", *SMALL, "chunk.chunk_frames=20", "chunk.transition_frames=4")
+    assert done.returncode == 0, done.stderr
+    rows = dict(line.split(":", 1) for line in done.stdout.splitlines()[:-1])
+    assert rows["frames"].strip() == "75 (3.00 s at 25 fps, 96x96)"
+    assert rows["chunks"].strip().startswith("4 N + 3 I: 20 frames each, 4 frames regenerated over each seam; "
+                                             "order N0, N1, I0, N2, I1, N3, ...")
+    assert rows["backend"].strip().startswith("preview") and rows["face"].strip().startswith("1 face, ")
+    assert "MB resident" in rows["memory"] and rows["face model"].strip()
+    assert rows["writes"].strip() == f"'{d / 'out.mp4'}', '{d / 'r.json'}'"
+    assert done.stdout.splitlines()[-1] == "Dry run: nothing was written."
+    assert tree(d) == before
+
+
+def test_render_dry_run_refuses_what_the_render_would_in_the_same_sentence(d):
+    before = tree(d)
+    for extra, words in ((("-o", d / "missing" / "o.mp4"), "does not exist (create it first)"),
+                         (("-o", d / "o.mp4", "--report", d / "talk.wav"), "is the audio file"),
+                         (("-o", d / "o.mp4", "face.index=2"), "face.index=2 asks for the face 2nd from the left")):
+        done = cli("render", "--ref", d / "face.png", "--audio", d / "talk.wav", "--dry-run", *extra, *SMALL)
+        assert done.returncode == 1 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert tree(d) == before
+
+
+def test_render_dry_run_as_json(d):
+    done = cli("render", "--ref", d / "face.png", "--audio", d / "talk.wav", "-o", d / "out.mp4", "--dry-run",
+               "--progress", "json", *SMALL)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["event"] == "plan" and plan["frames"] == 75 and plan["resume_from"] is None
+
+
+def test_batch_dry_run_says_what_each_job_would_do_and_writes_nothing(d):
+    jobs = d / "jobs"
+    jobs.mkdir()
+    (jobs / "a.wav").write_bytes((d / "talk.wav").read_bytes())
+    (jobs / "b.wav").write_text("not audio")
+    before = tree(d)
+    done = cli("batch", jobs, "--ref", d / "face.png", "--out", d / "out", "--dry-run", "--progress", "json", *SMALL)
+    assert done.returncode == 1, done.stderr  # a job would fail
+    plans = {p["name"]: p for p in map(json.loads, done.stdout.splitlines())}
+    assert plans["a"]["action"] == "render" and plans["a"]["frames"] == 75
+    assert plans["b"]["action"] == "fail" and "is not a readable audio" in plans["b"]["reason"]
+    assert tree(d) == before  # not even the output folder
