@@ -58,11 +58,12 @@ def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np
     lips = lip_colour(image, mesh, fallback=skin)
     sigma, grain = photo_softness(image, mesh)
     skin_luma = float(skin @ LUMA)
-    # Teeth: an off-white a little brighter than the skin, tinted like the skin (a grey photo gives grey teeth).
+    # Teeth: an off-white brighter than the skin, tinted like the skin (a grey photo gives grey teeth)
     tint = skin / max(skin_luma, 1.0)
     ivory = np.array([1.0, 0.97, 0.86], np.float32) ** _saturation(skin)
     tint = 0.75 * ivory / float(ivory @ LUMA) + 0.25 * tint
-    teeth = tint * min(230.0, 1.1 * skin_luma + 30.0)
+    # (and clearly brighter than the lips: pale lips on a pale face are nearly as light as teeth)
+    teeth = tint * min(245.0, max(1.1 * skin_luma + 30.0, float(lips @ LUMA) + 45.0))
     pad = _PAD * width
     half = int(np.ceil(0.62 * width))
     s = np.arange(-half, half + 1, dtype=np.float32)
