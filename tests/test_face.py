@@ -198,7 +198,7 @@ def test_no_face_no_landmarks() -> None:
 
 def test_landmark_settings(tmp_path: Path) -> None:
     assert find_model("template") is None
-    with pytest.raises(AvatarRenderError, match="fetch_face_model"):
+    with pytest.raises(AvatarRenderError, match="avatar-render setup"):
         find_model(str(tmp_path / "missing.tflite"))
     bad = tmp_path / "bad.tflite"
     bad.write_bytes(b"not a model")
@@ -214,3 +214,24 @@ def test_template_mesh_sits_on_the_layout(layout: FaceLayout) -> None:
     assert mesh.lip_gap() == 0  # closed lips: nothing is assumed about teeth
     fit = Fit(scale=2.0, offset_x=10.0, offset_y=4.0)
     assert np.allclose(mesh.mapped(fit).points, mesh.points * 2 - (10, 4))
+
+
+def test_a_render_without_the_model_names_the_setup_command(monkeypatch) -> None:
+    from avatar_render.preview import engine
+
+    assert engine.landmark_notes("template") == ()  # chosen, not missing
+    monkeypatch.setattr(engine, "find_model", lambda setting: None)  # (unit: as on a plain pip install)
+    (note,) = engine.landmark_notes("auto")
+    assert note.endswith("avatar-render setup")
+
+
+@needs_model
+def test_setup_leaves_an_installed_model_in_place(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copyfile(find_model(), tmp_path / "face_landmark.tflite")
+    done = subprocess.run([sys.executable, "-m", "avatar_render", "setup", "--dest", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and "already in place" in done.stdout  # nothing downloaded
