@@ -285,7 +285,7 @@ def doctor(overrides: OverridesArg = None, config: ConfigOpt = None, debug: Debu
 @app.command()
 def setup(
     dest: Annotated[Optional[Path], typer.Option(
-        "--dest", help="Folder to put face_landmark.tflite in (default: beside the package, or the user's data).")] = None,
+        "--dest", help="Folder for face_landmark.tflite (default: beside the package, or the user's data).")] = None,
     debug: DebugOpt = False,
 ) -> None:
     """Install the face landmark model the preview places the mouth and eyes with (pip downloads it once)."""
@@ -295,7 +295,8 @@ def setup(
         from avatar_render.face.install import WHEEL, install_model
 
         target, fresh = install_model(dest)
-        out.info(f"{target}: " + (f"MediaPipe face mesh model (Apache-2.0) from {WHEEL}" if fresh else "already in place"))
+        what = f"MediaPipe face mesh model (Apache-2.0) from {WHEEL}" if fresh else "already in place"
+        out.info(f"{target}: {what}")
 
     _guard(out, debug, run)
 
