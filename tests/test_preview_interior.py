@@ -67,3 +67,27 @@ def test_generated_teeth_are_the_same_in_every_frame(closed, tmp_path_factory):
     ref = tmp_path_factory.getbasetemp() / "closed0" / "closed.png"
     _, again, _ = _opening(rig_for(512, 512, ref=ref).rig, row(0.6))  # the rig built again
     assert np.array_equal(again, a)
+
+
+def test_spectacle_frames_stay_put_through_a_blink(tmp_path):
+    """Dark frames drawn over the example's eyes: a full blink closes the lids and leaves the rims as they are."""
+    rig = rig_for(512, 512).rig
+    image, d = rig.image.copy(), rig.mesh.eye_distance
+    rims = np.zeros(image.shape[:2], np.uint8)
+    for eye in (fm.LEFT_EYE_UPPER + fm.LEFT_EYE_LOWER, fm.RIGHT_EYE_UPPER + fm.RIGHT_EYE_LOWER):
+        c = rig.mesh.at(eye).mean(axis=0)
+        ellipse = ((round(c[0]), round(c[1] + 0.05 * d)), (round(0.42 * d), round(0.27 * d)), 0, 0, 360)
+        cv2.ellipse(image, *ellipse, (25, 22, 20), 2, cv2.LINE_AA)
+        cv2.ellipse(rims, *ellipse[:3], 235, 305, 1, 2)  # the top rim, above the lid (its ends come down to the lashes)
+    path = tmp_path / "glasses.png"
+    cv2.imwrite(str(path), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+    glasses = rig_for(512, 512, ref=path).rig
+    open_, shut = render_frame(glasses, row()), render_frame(glasses, row(blink=1.0))
+    rim = rims > 0
+    diff = np.abs(open_.astype(np.int16) - shut).max(axis=2)
+    assert (diff[~rim] > 30).sum() > 50  # the lids closed
+    reach = np.zeros_like(rim)
+    reach[glasses.eye_bank.rect.slices] = True  # where the blink's warp acts
+    near = rim & reach
+    assert near.sum() > 30
+    assert np.percentile(diff[near], 95) <= 12  # and the frames did not come down with them

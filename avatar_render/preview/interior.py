@@ -63,7 +63,7 @@ def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np
     ivory = np.array([1.0, 0.97, 0.86], np.float32) ** _saturation(skin)
     tint = 0.75 * ivory / float(ivory @ LUMA) + 0.25 * tint
     # (and clearly brighter than the lips: pale lips on a pale face are nearly as light as teeth)
-    teeth = tint * min(245.0, max(1.1 * skin_luma + 30.0, float(lips @ LUMA) + 45.0))
+    teeth = tint * min(240.0, max(1.4 * skin_luma + 20.0, float(lips @ LUMA) + 80.0))
     pad = _PAD * width
     half = int(np.ceil(0.62 * width))
     s = np.arange(-half, half + 1, dtype=np.float32)

@@ -12,6 +12,7 @@ import numpy as np
 
 from avatar_render.face import mesh as fm
 from avatar_render.preview.interior import MouthInterior, build_interior, lip_colour
+from avatar_render.preview.rigid import confine, rigid_floor
 from avatar_render.preview.shapes import EyeShape, MouthShape
 from avatar_render.preview.warp import Rect, backward_map, delaunay
 
@@ -115,6 +116,9 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     triangles = _triangulate(vertices, mouth, mesh)
     mouth_bank = _bank(vertices, triangles, [OPEN_LEVELS, WIDTH_LEVELS], lambda o, w: mouth.moved(o, w), width, height)
     eye_bank = _bank(vertices, triangles, [BLINK_LEVELS], lambda b: eyes.moved(b), width, height)
+    floor = rigid_floor(image, mesh, eye_bank.rect)  # spectacle frames, brows: a blink does not bend them
+    if np.isfinite(floor).any():
+        eye_bank = Bank(rect=eye_bank.rect, axes=eye_bank.axes, grids=confine(eye_bank.grids, eye_bank.rect, floor))
     head = _head_mask(mesh, width, height, include=mouth_bank.rect.union(eye_bank.rect))
     teeth = _teeth(image, mesh, mouth_bank.rect, skin=skin)
     return FaceRig(
