@@ -81,7 +81,7 @@ def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np
         pad=pad,
         lower_top=(LOWER_SHOW * width * _arch_fall(s, width)).astype(np.float32),
         cavity=(lips * np.float32(0.38)).astype(np.float32),
-        tongue=(lips * np.array([1.0, 0.8, 0.8], np.float32) ** _saturation(lips)).astype(np.float32),
+        tongue=(lips * np.float32(0.8) * np.array([1.0, 0.8, 0.8], np.float32) ** _saturation(lips)).astype(np.float32),
         blur=float(np.sqrt(max(sigma * sigma - 0.6 * 0.6, 0.0))),  # the textures' own softness taken off
         noise=noise,
         noise_rect=rect,
@@ -115,7 +115,7 @@ def _row(s: np.ndarray, depth: np.ndarray, width: float, sizes, colour: np.ndarr
     gap = np.exp(-((dist / 0.6) ** 2))
     # Each tooth is convex: lit in its middle, darker at its sides; the arch darkens as it turns away.
     side = np.abs(theta) / (np.pi / 2)
-    shade = (1 - 0.25 * (2 * f - 1) ** 2) * (1 - 0.5 * side**1.5) * (1 - 0.25 * gap)
+    shade = (1 - 0.15 * (2 * f - 1) ** 2) * (1 - 0.5 * side**1.5) * (1 - 0.25 * gap)
     rng = np.random.default_rng(1 if upper else 2)
     shade *= (1 + 0.04 * rng.standard_normal(len(sizes)))[k]  # no two teeth quite alike
     if upper:
@@ -124,7 +124,7 @@ def _row(s: np.ndarray, depth: np.ndarray, width: float, sizes, colour: np.ndarr
         cover = np.clip(reach[None] - depth[:, None] + 0.5, 0, 1)
         along = depth[:, None] / np.maximum(reach[None], 1.0)
         # The incisal edge is translucent: darker and greyer in its last fifth.
-        light = 1 - 0.25 * np.clip((along - 0.8) / 0.2, 0, 1)
+        light = 1 - 0.15 * np.clip((along - 0.8) / 0.2, 0, 1)
     else:
         top = 0.008 * width * (1 - (2 * f - 1) ** 2)  # rounded tops
         cover = np.clip(depth[:, None] + top[None] + 0.5, 0, 1)
@@ -224,7 +224,7 @@ def paint(
     # The lips' inner edges cast soft shadows: deep under the upper lip, lighter over the lower.
     below_up = np.maximum(t - moved_up, 0) / max(0.8, 0.025 * width)
     above_low = np.maximum(moved_low - t, 0) / max(0.8, 0.02 * width)
-    light = (1 - 0.45 * np.exp(-below_up)) * (1 - 0.35 * np.exp(-above_low)) * (1 - 0.5 * r**3)
+    light = (1 - 0.3 * np.exp(-below_up)) * (1 - 0.35 * np.exp(-above_low)) * (1 - 0.5 * r**3)
     out = out * light[..., None]
     if mi.blur > 0.3:
         out = cv2.GaussianBlur(out, (0, 0), mi.blur)
