@@ -235,3 +235,15 @@ def test_setup_leaves_an_installed_model_in_place(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "avatar_render", "setup", "--dest", str(tmp_path)],
                           capture_output=True, text=True)
     assert done.returncode == 0 and "already in place" in done.stdout  # nothing downloaded
+
+
+def test_setup_refuses_a_dest_that_is_not_a_folder(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    done = subprocess.run([sys.executable, "-m", "avatar_render", "setup", "--dest", str(afile)],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "is not a folder" in done.stderr and "Traceback" not in done.stderr
+    assert afile.read_bytes() == b"x"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.face.landmarks import MODEL_FILE, MODEL_SHA256, model_search_paths
+from avatar_render.files.targets import check_folder
 from avatar_render.files.write import make_folder, remove, replace_atomically, temp_beside, temp_folder
 
 WHEEL = "mediapipe==0.10.21"
@@ -41,11 +42,12 @@ def default_folder() -> Path:
 
 def install_model(dest: Path | None = None) -> tuple[Path, bool]:
     """Put the model into ``dest`` (default: ``default_folder()``) -> (its path, whether it was downloaded now)."""
+    if dest is not None:
+        check_folder(Path(dest), what="folder for the face landmark model (--dest)", create=True)
     dest = Path(dest) if dest is not None else default_folder()
     target = dest / MODEL_FILE
     if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == MODEL_SHA256:
         return target, False
-    make_folder(dest, parents=True)
     with temp_folder() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "--only-binary=:all:", *PLATFORM,
                "--dest", str(tmp), "--quiet", "--disable-pip-version-check"]
