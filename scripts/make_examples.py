@@ -163,7 +163,7 @@ def draw_glasses(src: Path, out: Path) -> None:
         return
     eyes = [mesh.at(fm.LEFT_EYE_UPPER + fm.LEFT_EYE_LOWER), mesh.at(fm.RIGHT_EYE_UPPER + fm.RIGHT_EYE_LOWER)]
     dist = mesh.eye_distance
-    thick = max(2, round(0.045 * dist))
+    thick = max(2, round(0.025 * dist))
     inner = []
     for eye in eyes:
         c = eye.mean(axis=0)
