@@ -63,7 +63,7 @@ def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np
     ivory = np.array([1.0, 0.97, 0.86], np.float32) ** _saturation(skin)
     tint = 0.75 * ivory / float(ivory @ LUMA) + 0.25 * tint
     # (and clearly brighter than the lips: pale lips on a pale face are nearly as light as teeth)
-    teeth = tint * min(240.0, max(1.4 * skin_luma + 20.0, float(lips @ LUMA) + 80.0))
+    teeth = tint * min(240.0, max(1.4 * skin_luma + 20.0, float(lips @ LUMA) + 95.0))
     pad = _PAD * width
     half = int(np.ceil(0.62 * width))
     s = np.arange(-half, half + 1, dtype=np.float32)
@@ -224,7 +224,7 @@ def paint(
     # The lips' inner edges cast soft shadows: deep under the upper lip, lighter over the lower.
     below_up = np.maximum(t - moved_up, 0) / max(0.8, 0.025 * width)
     above_low = np.maximum(moved_low - t, 0) / max(0.8, 0.02 * width)
-    light = (1 - 0.3 * np.exp(-below_up)) * (1 - 0.35 * np.exp(-above_low)) * (1 - 0.5 * r**3)
+    light = (1 - 0.22 * np.exp(-below_up)) * (1 - 0.35 * np.exp(-above_low)) * (1 - 0.5 * r**3)
     out = out * light[..., None]
     if mi.blur > 0.3:
         out = cv2.GaussianBlur(out, (0, 0), mi.blur)
