@@ -91,3 +91,13 @@ def test_spectacle_frames_stay_put_through_a_blink(tmp_path):
     near = rim & reach
     assert near.sum() > 30
     assert np.percentile(diff[near], 95) <= 12  # and the frames did not come down with them
+
+
+def test_the_interior_is_as_soft_and_grainy_as_the_photo(closed):
+    from avatar_render.preview.interior import photo_softness
+
+    sharp, grain = photo_softness(closed.image, closed.mesh)
+    soft, smooth = photo_softness(cv2.GaussianBlur(closed.image, (0, 0), 2.0), closed.mesh)
+    assert sharp < 1.0 and 1.4 < soft < 2.6  # a 2-pixel blur is read back
+    assert smooth < 0.5 * grain
+    assert closed.synth.blur < 0.5 and abs(float(closed.synth.noise.std()) - grain * 1.06) < 0.3 * grain
