@@ -390,6 +390,25 @@ def doctor(overrides: OverridesArg = None, config: ConfigOpt = None, debug: Debu
 
 
 @app.command()
+def setup(
+    dest: Annotated[Optional[Path], typer.Option(
+        "--dest", help="Folder for face_landmark.tflite (default: beside the package, or the user's data).")] = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Install the face landmark model the preview places the mouth and eyes with (pip downloads it once)."""
+    out = Out()
+
+    def run() -> None:
+        from avatar_render.face.install import WHEEL, install_model
+
+        target, fresh = install_model(dest)
+        what = f"MediaPipe face mesh model (Apache-2.0) from {WHEEL}" if fresh else "already in place"
+        out.info(f"{target}: {what}")
+
+    _guard(out, debug, run)
+
+
+@app.command()
 def bench(
     durations: Annotated[str, typer.Option(
         "--durations", help="Comma-separated audio durations in seconds.")] = "10,60,600",

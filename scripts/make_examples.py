@@ -13,8 +13,15 @@ source distribution carries as test data, with their transcripts, joined with ha
 from the ``pocketsphinx`` sdist on PyPI by ``pip download``; skipped, with a message, where pip cannot
 get it). scripts/measure_preview.py uses them.
 
+And photos that are not the example, taken the same way from test data in PyPI sdists (skipped, with a
+message, where pip cannot get them; never committed): from ``face_recognition`` 1.3.0,
+``biden.jpg`` (an older face, closed mouth), ``obama.jpg`` (a smile with teeth), ``obama3.jpg`` (a
+small face in a tall portrait); and ``glasses.jpg``: biden.jpg with dark spectacle frames drawn over its eyes (placed
+by the face landmark model; skipped without it). scripts/preview_references.py renders and measures them.
+
     python scripts/make_examples.py [--out examples]
     python scripts/make_examples.py --extra DIR
+    python scripts/make_examples.py --faces DIR      (only the photos)
 """
 
 from __future__ import annotations
@@ -105,6 +112,68 @@ def make_extra(folder: Path) -> None:
         (folder / f"{name}.txt").write_text(text + "\n")
         print(f"{folder / name}.wav: {seconds:.1f} s, voice {voice}, {wpm} words per minute")
     make_librivox(folder / "librivox.wav")
+    make_faces(folder)
+
+
+# (sdist, member suffix, file written)
+FACES = (
+    ("face_recognition==1.3.0", "/tests/test_images/biden.jpg", "biden.jpg"),
+    ("face_recognition==1.3.0", "/tests/test_images/obama.jpg", "obama.jpg"),
+    ("face_recognition==1.3.0", "/tests/test_images/obama3.jpg", "obama3.jpg"),
+)
+
+
+def make_faces(folder: Path) -> None:
+    """The test photos of FACES out of their sdists, and glasses.jpg drawn on biden.jpg."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in dict.fromkeys(f[0] for f in FACES):
+            got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                                  "--no-build-isolation", "-d", tmp, spec], capture_output=True, text=True)
+            name = spec.split("==")[0]
+            sdists = [p for p in Path(tmp).glob("*.tar.gz") if p.name.lower().startswith(name.lower())]
+            if got.returncode != 0 and not sdists:
+                print(f"{name} photos skipped: pip could not download the {spec} sdist")
+                continue
+            with tarfile.open(sdists[0]) as tar:
+                for want, suffix, out in FACES:
+                    member = next((m for m in tar.getnames() if m.endswith(suffix)), None) if want == spec else None
+                    if member is not None:
+                        (folder / out).write_bytes(tar.extractfile(member).read())
+                        print(f"{folder / out}: from the {spec} sdist")
+    if (folder / "biden.jpg").is_file():
+        draw_glasses(folder / "biden.jpg", folder / "glasses.jpg")
+
+
+def draw_glasses(src: Path, out: Path) -> None:
+    """Dark spectacle frames (two rims and a bridge) over the eyes of the face in src, placed by its landmarks."""
+    import cv2
+
+    from avatar_render.face import mesh as fm
+    from avatar_render.face.detect import FaceDetector, find_face
+    from avatar_render.face.landmarks import LandmarkModel, find_model
+
+    path = find_model()
+    image = cv2.cvtColor(cv2.imread(str(src)), cv2.COLOR_BGR2RGB)
+    layout = find_face(image, FaceDetector(), None)
+    mesh = LandmarkModel(path).from_box(image, layout.face) if path is not None and layout is not None else None
+    if mesh is None:
+        print(f"{out.name} skipped: no face landmark model (python scripts/fetch_face_model.py) or no face found")
+        return
+    eyes = [mesh.at(fm.LEFT_EYE_UPPER + fm.LEFT_EYE_LOWER), mesh.at(fm.RIGHT_EYE_UPPER + fm.RIGHT_EYE_LOWER)]
+    dist = mesh.eye_distance
+    thick = max(2, round(0.025 * dist))
+    inner = []
+    for eye in eyes:
+        c = eye.mean(axis=0)
+        axes = (round(0.42 * dist), round(0.3 * dist))
+        centre = (round(c[0]), round(c[1] + 0.05 * dist))
+        cv2.ellipse(image, centre, axes, 0, 0, 360, (25, 22, 20), thick, cv2.LINE_AA)
+        inner.append(centre)
+    (lx, ly), (rx, ry) = sorted(inner)
+    a, b = (lx + round(0.42 * dist), ly - round(0.05 * dist)), (rx - round(0.42 * dist), ry - round(0.05 * dist))
+    cv2.line(image, a, b, (25, 22, 20), thick, cv2.LINE_AA)
+    cv2.imwrite(str(out), cv2.cvtColor(image, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 92])
+    print(f"{out}: {src.name} with spectacle frames drawn on")
 
 
 def make_librivox(out: Path) -> None:
@@ -146,9 +215,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "examples")
     parser.add_argument("--extra", type=Path, default=None, help="write only the extra recordings, into this folder")
+    parser.add_argument("--faces", type=Path, default=None, help="write only the extra photos, into this folder")
     args = parser.parse_args()
     if args.extra is not None:
         make_extra(args.extra)
+        return
+    if args.faces is not None:
+        args.faces.mkdir(parents=True, exist_ok=True)
+        make_faces(args.faces)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     make_face(args.out / "face.png")

@@ -32,6 +32,11 @@ Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all pr
   refined by following textured points of the still region from the reference into the frame and fitting a
   similarity to them), over the head and its surroundings without the mouth/jaw region (below a line 0.15 eye
   distances above the nose tip) and the eye regions; background: SSIM outside the head.
+* inner mouth (every reference): the pixels inside the frame's inner lip contour (shrunk by a pixel); on
+  the widest-open third of the speech frames (by aperture), the share of frames whose inner mouth has
+  teeth in it (5 % or more of it, and 3 pixels or more, 30 grey levels brighter than the reference's lips
+  and unsaturated), and the median spread (standard deviation) of its grey levels: a flat fill reads
+  a few levels, a real open mouth (teeth, dark, tongue) 30 or more.
 * teeth: where the reference shows teeth, the best normalised correlation of that patch with the
   frame (head undone, searched over small vertical shifts) on every frame whose lips are apart (aperture
   over half the reference's); present: 0.7 or more.
@@ -125,6 +130,21 @@ def closed_reading(ref: Path, width: int, height: int, model: LandmarkModel, ref
     return mesh.lip_gap() if mesh is not None else 0.0
 
 
+def inner_mouth(frame: np.ndarray, gray: np.ndarray, mesh: fm.FaceMesh, lip_luma: float) -> tuple[bool, float]:
+    """(teeth in it, spread of its grey levels) of the region inside the inner lip contour, shrunk by a pixel."""
+    mask = np.zeros(gray.shape, np.uint8)
+    inner = np.concatenate([mesh.at(fm.LIPS_INNER_UPPER), mesh.at(fm.LIPS_INNER_LOWER)[::-1]])
+    cv2.fillPoly(mask, [np.round(inner).astype(np.int32)], 1)
+    mask = cv2.erode(mask, np.ones((3, 3), np.uint8)) > 0
+    if mask.sum() < 6:
+        return False, float("nan")
+    g = gray[mask]
+    px = frame[mask].astype(np.float32)
+    chroma = px.max(axis=1) - px.min(axis=1)
+    bright = (g >= lip_luma + 30) & (chroma < 0.35 * np.maximum(g, 1))
+    return bool(bright.sum() >= max(3, 0.05 * mask.sum())), float(g.std())
+
+
 def blink_count(opening: np.ndarray) -> int:
     # The landmark model reads a fully closed eye of the example at 0.21 against 0.29 open (73 %): a dip
     # under 85 % of the median is a blink.
@@ -183,6 +203,7 @@ def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None) -
     )
     lip_luma = float(np.median(ref_luma[lips_region > 0]))
     gaps, widths, eyes, ssim_still, ssim_bg, teeth, visible, apertures = [], [], [], [], [], [], [], []
+    inner_teeth, inner_spread = [], []
     for frame in iter_frames(video):
         r = tracker.read(frame)
         mouth = np.zeros((info.height, info.width), np.uint8)
@@ -191,6 +212,9 @@ def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None) -
         gray = luma(frame)
         visible.append(float((np.abs(gray[mouth > 0] - lip_luma) >= 40).sum()) / scale**2)
         apertures.append(lip_aperture(gray, r.mesh, lip_luma) / scale)
+        has_teeth, spread = inner_mouth(frame, gray, r.mesh, lip_luma)
+        inner_teeth.append(has_teeth)
+        inner_spread.append(spread)
         gaps.append(r.lip_gap)
         widths.append(r.mouth_width)
         eyes.append(r.eye_opening)
@@ -283,6 +307,15 @@ def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None) -
         "ssim_still_frames_over_0.95": f"{int(np.sum(np.array(ssim_still) >= 0.95))}/{n}",
         "ssim_background_min": round(float(np.nanmin(ssim_bg)), 4),
     }
+    if speech.sum() >= 3:
+        idx = np.flatnonzero(speech)
+        widest = idx[np.argsort(aperture[idx])[::-1][: max(1, len(idx) // 3)]]
+        spreads = np.array(inner_spread)[widest]
+        out["widest_third_teeth_frames"] = f"{int(np.array(inner_teeth)[widest].sum())}/{len(widest)}"
+        out["widest_third_teeth_fraction"] = round(float(np.array(inner_teeth)[widest].mean()), 3)
+        out["widest_third_inner_luma_spread_median"] = (
+            round(float(np.nanmedian(spreads)), 1) if np.isfinite(spreads).any() else None
+        )
     if teeth:
         # (lips apart read from the pixels: the landmark model's lip gap on closed lips is more than half its
         # rest reading on this kind of face)

@@ -200,7 +200,7 @@ def test_no_face_no_landmarks() -> None:
 
 def test_landmark_settings(tmp_path: Path) -> None:
     assert find_model("template") is None
-    with pytest.raises(AvatarRenderError, match="fetch_face_model"):
+    with pytest.raises(AvatarRenderError, match="avatar-render setup"):
         find_model(str(tmp_path / "missing.tflite"))
     bad = tmp_path / "bad.tflite"
     bad.write_bytes(b"not a model")
@@ -255,3 +255,31 @@ def test_render_of_a_group_photo_names_the_face(tmp_path: Path, group: np.ndarra
                              timeout=120)
     assert refused.returncode == 1 and refused.stderr.startswith("Error: face.index=4 asks for the face 4th")
     assert "Traceback" not in refused.stderr and not (tmp_path / "p.mp4").exists()
+
+
+def test_a_render_without_the_model_names_the_setup_command(monkeypatch) -> None:
+    from avatar_render.preview import engine
+
+    assert engine.landmark_notes("template") == ()  # chosen, not missing
+    monkeypatch.setattr(engine, "find_model", lambda setting: None)  # (unit: as on a plain pip install)
+    (note,) = engine.landmark_notes("auto")
+    assert note.endswith("avatar-render setup")
+
+
+@needs_model
+def test_setup_leaves_an_installed_model_in_place(tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copyfile(find_model(), tmp_path / "face_landmark.tflite")
+    done = subprocess.run([sys.executable, "-m", "avatar_render", "setup", "--dest", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and "already in place" in done.stdout  # nothing downloaded
+
+
+def test_setup_refuses_a_dest_that_is_not_a_folder(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    done = subprocess.run([sys.executable, "-m", "avatar_render", "setup", "--dest", str(afile)],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "is not a folder" in done.stderr and "Traceback" not in done.stderr
+    assert afile.read_bytes() == b"x"

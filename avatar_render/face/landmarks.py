@@ -24,7 +24,7 @@ from avatar_render.pipeline.module import Module
 
 MODEL_FILE = "face_landmark.tflite"
 MODEL_SHA256 = "1055cb9d4a9ca8b8c688902a3a5194311138ba256bcc94e336d8373a5f30c814"  # as in mediapipe 0.10.21
-GET_MODEL = "python scripts/fetch_face_model.py"  # the install step that puts it in place
+GET_MODEL = "avatar-render setup"  # the install step that puts it in place
 _INPUT = 192  # the model's square input, pixels
 _ROI_SCALE = 1.5  # crop side / landmark extent, as MediaPipe's tracking crops
 _MIN_SCORE = 0.5  # face presence probability below which the landmarks are rejected

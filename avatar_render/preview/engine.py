@@ -19,7 +19,7 @@ import numpy as np
 from avatar_render.config import Config
 from avatar_render.face.detect import FaceDetector, choose_face
 from avatar_render.face.fit import fit_to_frame
-from avatar_render.face.landmarks import LandmarkModel, find_model
+from avatar_render.face.landmarks import GET_MODEL, LandmarkModel, find_model
 from avatar_render.face.layout import fallback_layout
 from avatar_render.face.mesh import FaceMesh, template_mesh
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
@@ -297,4 +297,15 @@ def build_preview(cfg: Config) -> Pipeline:
         fps=cfg.fps,
         audio_rate=SPEECH_RATE,
         audio_pad_s=max(PHONE_PAD_S, float(2 / Fraction(cfg.fps))),
+        notes=landmark_notes(cfg.face.landmarks),
+    )
+
+
+def landmark_notes(setting: str) -> tuple[str, ...]:
+    """One line when the render will place the face with the template mesh for want of the installed model."""
+    if setting != "auto" or find_model(setting) is not None:
+        return ()
+    return (
+        "The face landmark model is not installed: the mouth and eyes are placed by a template on the face "
+        f"detector's boxes, less exactly; install the model with: {GET_MODEL}",
     )

@@ -13,6 +13,7 @@ import cv2
 import numpy as np
 
 from avatar_render.face import mesh as fm
+from avatar_render.preview.interior import paint
 from avatar_render.preview.motion import BLINK, DX, DY, OPEN, ROLL, WIDTH, ZOOM
 from avatar_render.preview.rig import Bank, FaceRig, between, contour_t, face_coords, from_face
 from avatar_render.preview.warp import Rect
@@ -123,8 +124,26 @@ def _mouth_gap(out: np.ndarray, rig: FaceRig, p: np.ndarray, inv: np.ndarray, fw
         return
     sx, sy = _sources(sub, inv)
     s, t = face_coords(sx + 0.5, sy + 0.5, rig.mesh)
-    inside, _ = between(s, t, upper, lower, rig.mesh, min_gap=1.0, feather=max(1.0, 0.015 * mouth.width_px))
+    feather = max(1.0, 0.015 * mouth.width_px, 1.2 * rig.synth.blur if rig.synth is not None else 0.0)
+    inside, _ = between(s, t, upper, lower, rig.mesh, min_gap=1.0, feather=feather)
     if not inside.any():
+        return
+    if rig.synth is not None:
+        content = paint(
+            rig.synth,
+            s,
+            t,
+            lip_up=contour_t(s, teeth.lips[0], rig.mesh),
+            lip_low=contour_t(s, teeth.lips[1], rig.mesh),
+            moved_up=contour_t(s, upper, rig.mesh),
+            moved_low=contour_t(s, lower, rig.mesh),
+            jaw=float(mouth.teeth(float(p[OPEN]))[1] @ mouth.down),
+            rounded=max(-float(p[WIDTH]), 0.0),
+            sources=(sx, sy),
+        )
+        a = inside[..., None]
+        region = out[sub.slices].astype(np.float32)
+        out[sub.slices] = np.clip(a * content + (1 - a) * region + 0.5, 0, 255).astype(np.uint8)
         return
     d_up, d_low = mouth.teeth(float(p[OPEN]))
     b = rig.mouth_bank.rect

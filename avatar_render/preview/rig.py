@@ -11,12 +11,15 @@ import cv2
 import numpy as np
 
 from avatar_render.face import mesh as fm
+from avatar_render.preview.interior import MouthInterior, build_interior, lip_colour
+from avatar_render.preview.rigid import confine, rigid_floor
 from avatar_render.preview.shapes import EyeShape, MouthShape
 from avatar_render.preview.warp import Rect, backward_map, delaunay
 
 OPEN_LEVELS = (-1.0, -0.5, 0.0, 0.15, 0.3, 0.45, 0.6, 0.8, 1.0)
 WIDTH_LEVELS = (-1.0, 0.0, 1.0)
 BLINK_LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
+OPEN_LIPS = 0.05  # a reference's lips this far apart (in mouth widths) or more can show its teeth
 MIN_MOUTH_PX = 8.0  # narrower mouths are not animated (only the head moves)
 _CHEEKS = (50, 101, 118, 205, 280, 330, 347, 425)  # landmarks on the cheeks, for the skin's colour
 _MOUTH_RED = (1.1, 0.6, 0.56)  # the mouth's lining, relative to the skin's brightness
@@ -96,6 +99,7 @@ class FaceRig:
     mouth_bank: Bank | None = None
     eye_bank: Bank | None = None
     teeth: Teeth | None = None
+    synth: MouthInterior | None = None  # a generated interior, where the reference shows no teeth of its own
 
 
 def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
@@ -112,7 +116,11 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     triangles = _triangulate(vertices, mouth, mesh)
     mouth_bank = _bank(vertices, triangles, [OPEN_LEVELS, WIDTH_LEVELS], lambda o, w: mouth.moved(o, w), width, height)
     eye_bank = _bank(vertices, triangles, [BLINK_LEVELS], lambda b: eyes.moved(b), width, height)
+    floor = rigid_floor(image, mesh, eye_bank.rect)  # spectacle frames, brows: a blink does not bend them
+    if np.isfinite(floor).any():
+        eye_bank = Bank(rect=eye_bank.rect, axes=eye_bank.axes, grids=confine(eye_bank.grids, eye_bank.rect, floor))
     head = _head_mask(mesh, width, height, include=mouth_bank.rect.union(eye_bank.rect))
+    teeth = _teeth(image, mesh, mouth_bank.rect, skin=skin)
     return FaceRig(
         image=image,
         mesh=mesh,
@@ -120,7 +128,8 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
         eyes=eyes,
         mouth_bank=mouth_bank,
         eye_bank=eye_bank,
-        teeth=_teeth(image, mesh, mouth_bank.rect, skin=skin),
+        teeth=teeth,
+        synth=None if teeth.visible else build_interior(image, mesh, mouth_bank.rect, skin=skin),
         interior=interior,
         head=head,
     )
@@ -255,8 +264,13 @@ def _teeth(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np.ndarray
     luma = patch @ np.array([0.299, 0.587, 0.114], np.float32)
     chroma = patch.max(axis=2) - patch.min(axis=2)
     skin_luma = float(skin @ np.array([0.299, 0.587, 0.114], np.float32))
-    tooth = (inside > 0.9) & (luma > 0.8 * skin_luma) & (chroma < 0.5 * np.maximum(luma, 1))
-    visible = int(tooth.sum()) >= max(12, round(0.002 * mesh.mouth_width() ** 2))
+    # Closed lips show none (on a closed smile the band between the contours is lip and its highlights).
+    lips = float(lip_colour(image, mesh, fallback=skin) @ np.array([0.299, 0.587, 0.114], np.float32))
+    tooth = (inside > 0.9) & (luma > 0.8 * skin_luma) & (luma > lips + 25) & (chroma < 0.5 * np.maximum(luma, 1))
+    visible = (
+        int(tooth.sum()) >= max(12, round(0.002 * mesh.mouth_width() ** 2))
+        and mesh.lip_gap() >= OPEN_LIPS * mesh.mouth_width()
+    )
     if visible:
         colour = np.median(patch[tooth & (luma >= np.median(luma[tooth]))], axis=0)
     else:

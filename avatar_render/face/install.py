@@ -1,0 +1,68 @@
+"""The install step for the face landmark model (``avatar-render setup``): MediaPipe's face mesh
+(face_landmark.tflite, Apache-2.0) put where ``landmarks.find_model`` finds it.
+
+The model ships inside the ``mediapipe==0.10.21`` wheels on PyPI (later releases ship no models). pip
+downloads one such wheel (no dependencies, nothing installed); only the model and its licence are taken
+out, the model's SHA-256 checked. Nothing is downloaded when the model is already in place; a render
+never calls this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from avatar_render.errors import AvatarRenderError
+from avatar_render.face.landmarks import MODEL_FILE, MODEL_SHA256, model_search_paths
+from avatar_render.files.targets import check_folder
+from avatar_render.files.write import make_folder, remove, replace_atomically, temp_beside, temp_folder
+
+WHEEL = "mediapipe==0.10.21"
+MEMBER = "mediapipe/modules/face_landmark/face_landmark.tflite"
+# The model is the same in every platform's wheel: ask for one that exists, whatever this Python is.
+PLATFORM = ("--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", "--implementation", "cp")
+
+
+def default_folder() -> Path:
+    """The first folder of ``model_search_paths()`` this user can write into."""
+    for path in model_search_paths():
+        try:
+            make_folder(path.parent, parents=True)
+            remove(temp_beside(path))  # a file can be made there
+        except OSError:
+            continue
+        return path.parent
+    raise AvatarRenderError(
+        "No writable folder for the face landmark model; pass --dest DIR, then face.landmarks=DIR/face_landmark.tflite."
+    )
+
+
+def install_model(dest: Path | None = None) -> tuple[Path, bool]:
+    """Put the model into ``dest`` (default: ``default_folder()``) -> (its path, whether it was downloaded now)."""
+    if dest is not None:
+        check_folder(Path(dest), what="folder for the face landmark model (--dest)", create=True)
+    dest = Path(dest) if dest is not None else default_folder()
+    target = dest / MODEL_FILE
+    if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == MODEL_SHA256:
+        return target, False
+    with temp_folder() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "--only-binary=:all:", *PLATFORM,
+               "--dest", str(tmp), "--quiet", "--disable-pip-version-check"]
+        if subprocess.run(cmd).returncode != 0:
+            raise AvatarRenderError(
+                f"pip could not download {WHEEL}; the preview uses its template mesh until this step succeeds."
+            )
+        wheel = next(tmp.glob("*.whl"))
+        with zipfile.ZipFile(wheel) as z:
+            model = z.read(MEMBER)
+            licence = next((z.read(n) for n in z.namelist() if n.endswith(".dist-info/LICENSE")), b"")
+    digest = hashlib.sha256(model).hexdigest()
+    if digest != MODEL_SHA256:
+        raise AvatarRenderError(f"The model in {WHEEL} has SHA-256 {digest}, not the expected {MODEL_SHA256}.")
+    replace_atomically(target, model)
+    if licence:
+        replace_atomically(dest / "face_landmark.LICENSE", licence)
+    return target, True

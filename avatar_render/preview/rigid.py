@@ -1,0 +1,79 @@
+"""Rigid things above the eyes (spectacle frames, the brows' dark hair) that a blink must not bend.
+
+A blink's warp pulls the skin above the lashes down with the lid. Across a spectacle rim that bent the
+rim down into the eye. Here the rig finds long, thin, dark structures above each eye (a black-hat of
+the grey levels, 35 levels or more, spanning most of the eye's width, above the lashes' band, under half
+as bright as the skin around) and
+limits the blink's displacements below them so that no output pixel takes its colour from the rim or
+anything above it: the rim stays where it is and the skin between it and the lid takes the stretch.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from avatar_render.face import mesh as fm
+from avatar_render.preview.warp import Rect
+
+LUMA = np.array([0.299, 0.587, 0.114], np.float32)
+CONTRAST = 35.0  # how much darker than its surroundings a structure must be, grey levels
+SPAN = 0.6  # of the eye's width it must cover
+DARK = 0.45  # and darker than this share of the skin around the eyes (frames, black brows; not light hair)
+BAND = (0.15, 0.9)  # where above the lid it must lie, in eye widths (below: the lashes)
+LID_BAND = 0.06  # what lies closer to the lid than this (eye widths) is the lid's own edge
+
+
+def rigid_floor(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect) -> np.ndarray:
+    """(rect.w,) float32: per column of ``rect``, the lowest row (pixel centre, image coordinates) of a rigid
+    structure above an eye; -inf where there is none."""
+    floor = np.full(rect.w, -np.inf, np.float32)
+    if rect.empty:
+        return floor
+    gray = image[rect.slices].astype(np.float32) @ LUMA
+    size = max(3, int(round(0.2 * mesh.eye_distance)) | 1)
+    kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (size, size))
+    dark = cv2.morphologyEx(gray, cv2.MORPH_BLACKHAT, kernel) >= CONTRAST
+    skin = float(np.median(gray))
+    xs = np.arange(rect.w, dtype=np.float32) + rect.x0 + 0.5
+    rows = np.arange(rect.h, dtype=np.float32)[:, None] + rect.y0 + 0.5
+    for upper in (fm.LEFT_EYE_UPPER, fm.RIGHT_EYE_UPPER):
+        lid = mesh.at(upper)
+        order = np.argsort(lid[:, 0])
+        width = float(lid[:, 0].max() - lid[:, 0].min())
+        if width < 4:
+            continue
+        lid_y = np.interp(xs, lid[order, 0], lid[order, 1], left=np.nan, right=np.nan)
+        above = lid_y[None] - rows  # pixels above the lid, per column (NaN beside the eye: not looked at)
+        # A structure qualifies by what of it lies above the lashes' band; all of it above the lid's own edge
+        # is kept rigid (a rim's ends come down towards the lashes).
+        near = dark & (above >= LID_BAND * width) & (above <= BAND[1] * width)
+        band = above >= BAND[0] * width
+        count, labels = cv2.connectedComponents(near.astype(np.uint8), connectivity=8)
+        rigid = np.zeros(near.shape, np.uint8)
+        for k in range(1, count):
+            ys, cols = np.nonzero(labels == k)
+            inside = band[ys, cols]
+            if not inside.any() or np.ptp(cols[inside]) + 1 < SPAN * width:
+                continue
+            if gray[ys[inside], cols[inside]].mean() > DARK * skin:  # (a light brow is hair over skin that moves)
+                continue
+            rigid[ys, cols] = 1
+        # (grown by two pixels: its soft edges and its ends, where it fades under the threshold, are of it too)
+        rigid = cv2.dilate(rigid, np.ones((5, 5), np.uint8)) & (above >= LID_BAND * width)
+        ys, cols = np.nonzero(rigid)
+        np.maximum.at(floor, cols, ys.astype(np.float32) + rect.y0 + 0.5)
+    return floor
+
+
+def confine(grids: np.ndarray, rect: Rect, floor: np.ndarray) -> np.ndarray:
+    """Backward-map displacements (..., rect.h, rect.w, 2) limited so that no pixel below a column's floor
+    samples at or above it (and pixels at or above it do not move)."""
+    if not np.isfinite(floor).any():
+        return grids
+    rows = np.arange(rect.h, dtype=np.float32)[:, None] + rect.y0 + 0.5
+    room = rows - floor[None] - 1.0  # how far up a pixel may reach without touching the structure
+    up = np.maximum(-grids[..., 1], 1e-6)
+    # (at most half the room: the skin below is stretched at most twofold, never onto one row)
+    k = np.where(np.isfinite(room), np.clip(0.5 * room / up, 0, 1), 1.0).astype(np.float32)
+    return grids * k[..., None]

@@ -1,0 +1,103 @@
+"""The generated mouth interior of a reference that shows no teeth (preview/interior.py), on a real closed
+mouth: the example rendered with its lips pressed shut, taken as the reference."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from avatar_render.face import mesh as fm
+from avatar_render.preview.render import render_frame
+from avatar_render.preview.rig import contour_t, face_coords
+from tests.test_preview import rig_for, row
+
+LUMA = np.array([0.299, 0.587, 0.114], np.float32)
+
+
+@pytest.fixture(scope="module")
+def closed(tmp_path_factory):
+    shut = render_frame(rig_for(512, 512).rig, row(-1.0))
+    path = tmp_path_factory.mktemp("closed") / "closed.png"
+    cv2.imwrite(str(path), cv2.cvtColor(shut, cv2.COLOR_RGB2BGR))
+    return rig_for(512, 512, ref=path).rig
+
+
+def _opening(rig, p) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(luma, rgb, depth) of the pixels inside the frame's moved inner lips (the head still); depth: 0 at the
+    upper lip, 1 at the lower."""
+    frame = render_frame(rig, p)
+    moved = rig.mouth.moved(float(p[0]), float(p[1]))
+    poly = np.concatenate([moved[list(fm.LIPS_INNER_UPPER)], moved[list(fm.LIPS_INNER_LOWER)][::-1]])
+    mask = np.zeros(frame.shape[:2], np.uint8)
+    cv2.fillPoly(mask, [np.round(poly * 16).astype(np.int32)], 1, cv2.LINE_8, 4)
+    mask = cv2.erode(mask, np.ones((3, 3), np.uint8)) > 0
+    ys, xs = np.nonzero(mask)
+    s, t = face_coords(xs + 0.5, ys + 0.5, rig.mesh)
+    top = contour_t(s, moved[list(fm.LIPS_INNER_UPPER)], rig.mesh)
+    depth = (t - top) / np.maximum(contour_t(s, moved[list(fm.LIPS_INNER_LOWER)], rig.mesh) - top, 1e-3)
+    rgb = frame[mask].astype(np.float32)
+    return rgb @ LUMA, rgb, depth
+
+
+def test_a_closed_mouth_opens_onto_teeth_and_a_shaded_interior(closed):
+    assert closed.teeth is not None and not closed.teeth.visible and closed.synth is not None
+    lips = float(closed.synth.cavity @ LUMA) / 0.38  # the lips' own grey level
+    luma, rgb, depth = _opening(closed, row(0.8))
+    # (this face's lips are pale: its teeth are brighter than them, and far less saturated)
+    teeth = (luma > lips + 10) & (rgb.max(axis=1) - rgb.min(axis=1) < 0.22 * luma)
+    assert teeth[depth < 0.35].mean() > 0.3  # the upper teeth under the upper lip
+    assert teeth[depth < 0.35].mean() > 2 * teeth[(depth > 0.4) & (depth < 0.75)].mean()
+    assert luma.std() > 30  # teeth, dark and tongue; a flat fill reads a few levels
+    assert luma.min() > 8  # dark, not black
+
+
+def test_ee_shows_teeth_and_oo_shows_little(closed):
+    def bright(p) -> float:
+        luma, _, _ = _opening(closed, p)
+        return float((luma > np.percentile(closed.image @ LUMA, 50)).sum())
+
+    assert bright(row(0.4, 1.0)) > 3 * max(bright(row(0.4, -1.0)), 1.0)
+
+
+def test_generated_teeth_are_the_same_in_every_frame(closed, tmp_path_factory):
+    _, a, _ = _opening(closed, row(0.6))
+    _, b, _ = _opening(closed, row(0.6, blink=1.0))  # another frame, the same mouth
+    assert np.array_equal(a, b)
+    ref = tmp_path_factory.getbasetemp() / "closed0" / "closed.png"
+    _, again, _ = _opening(rig_for(512, 512, ref=ref).rig, row(0.6))  # the rig built again
+    assert np.array_equal(again, a)
+
+
+def test_spectacle_frames_stay_put_through_a_blink(tmp_path):
+    """Dark frames drawn over the example's eyes: a full blink closes the lids and leaves the rims as they are."""
+    rig = rig_for(512, 512).rig
+    image, d = rig.image.copy(), rig.mesh.eye_distance
+    rims = np.zeros(image.shape[:2], np.uint8)
+    for eye in (fm.LEFT_EYE_UPPER + fm.LEFT_EYE_LOWER, fm.RIGHT_EYE_UPPER + fm.RIGHT_EYE_LOWER):
+        c = rig.mesh.at(eye).mean(axis=0)
+        ellipse = ((round(c[0]), round(c[1] + 0.05 * d)), (round(0.42 * d), round(0.27 * d)), 0, 0, 360)
+        cv2.ellipse(image, *ellipse, (25, 22, 20), 2, cv2.LINE_AA)
+        cv2.ellipse(rims, *ellipse[:3], 235, 305, 1, 2)  # the top rim, above the lid (its ends come down to the lashes)
+    path = tmp_path / "glasses.png"
+    cv2.imwrite(str(path), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+    glasses = rig_for(512, 512, ref=path).rig
+    open_, shut = render_frame(glasses, row()), render_frame(glasses, row(blink=1.0))
+    rim = rims > 0
+    diff = np.abs(open_.astype(np.int16) - shut).max(axis=2)
+    assert (diff[~rim] > 30).sum() > 50  # the lids closed
+    reach = np.zeros_like(rim)
+    reach[glasses.eye_bank.rect.slices] = True  # where the blink's warp acts
+    near = rim & reach
+    assert near.sum() > 30
+    assert np.percentile(diff[near], 95) <= 12  # and the frames did not come down with them
+
+
+def test_the_interior_is_as_soft_and_grainy_as_the_photo(closed):
+    from avatar_render.preview.interior import photo_softness
+
+    sharp, grain = photo_softness(closed.image, closed.mesh)
+    soft, smooth = photo_softness(cv2.GaussianBlur(closed.image, (0, 0), 2.0), closed.mesh)
+    assert sharp < 1.0 and 1.4 < soft < 2.6  # a 2-pixel blur is read back
+    assert smooth < 0.5 * grain
+    assert closed.synth.blur < 0.5 and abs(float(closed.synth.noise.std()) - grain * 1.06) < 0.3 * grain
