@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from avatar_render.bench import first_frame_figures  # noqa: E402
-from avatar_render.metrics.regions import luma  # noqa: E402
+from avatar_render.face.patches import luma  # noqa: E402
 from avatar_render.metrics.seams import FrameChange, chunk_boundaries, measure_seams  # noqa: E402
 from avatar_render.metrics.video import iter_frames  # noqa: E402
 

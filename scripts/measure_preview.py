@@ -56,9 +56,10 @@ import numpy as np
 
 from avatar_render.face import mesh as fm
 from avatar_render.face.landmarks import LandmarkModel, find_model
+from avatar_render.face.patches import luma
 from avatar_render.io.audio import AudioReader
 from avatar_render.metrics.face_track import FaceTracker, lip_aperture, ssim_map, still_mask, undo_head
-from avatar_render.metrics.regions import fitted_reference, luma
+from avatar_render.metrics.regions import fitted_reference
 from avatar_render.metrics.series import pearson
 from avatar_render.metrics.speech import SILENCE_DB, SILENCE_GUARD_S, iter_frame_levels, speech_level_db
 from avatar_render.metrics.video import iter_frames, probe_video

@@ -14,10 +14,10 @@ from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
 from avatar_render.face.landmarks import find_model
 from avatar_render.face.layout import Box, layout_from_box
+from avatar_render.face.track import PhaseCorrelator
 from avatar_render.metrics.colour import ciede2000, rgb_to_lab
 from avatar_render.metrics.inspect import inspect_video
 from avatar_render.metrics.lips import MEASURE as LIPS
-from avatar_render.metrics.motion import PhaseCorrelator
 from avatar_render.metrics.seams import chunk_boundaries, measure_seams
 from avatar_render.metrics.summary import summary_rows
 from tests.media import speech_like, write_audio

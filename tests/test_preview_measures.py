@@ -13,11 +13,11 @@ import pytest
 from avatar_render.config import load_config
 from avatar_render.face import mesh as fm
 from avatar_render.face.landmarks import LandmarkModel, find_model
+from avatar_render.face.patches import luma
 from avatar_render.io.encoder import to_yuv420p
 from avatar_render.io.reference import load_reference
 from avatar_render.job.setup import request_input
 from avatar_render.metrics.face_track import lip_aperture
-from avatar_render.metrics.regions import luma
 from avatar_render.preview.engine import build_preview
 from avatar_render.preview.render import render_frame
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from avatar_render.metrics.regions import Reference, eye_regions, luma, patch
+from avatar_render.face.patches import eye_regions, luma, patch
+from avatar_render.metrics.regions import Reference
 from avatar_render.metrics.series import Track, running_median
 
 BASELINE_S = 2.0  # window of the running median that gives the open-eye level

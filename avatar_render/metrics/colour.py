@@ -12,7 +12,8 @@ import cv2
 import numpy as np
 
 from avatar_render.face.layout import FaceLayout
-from avatar_render.metrics.regions import Reference, eye_regions, mouth_region, patch
+from avatar_render.face.patches import eye_regions, mouth_region, patch
+from avatar_render.metrics.regions import Reference
 from avatar_render.metrics.series import OverTime, Track
 
 NOTICEABLE_DE = 2.0  # CIEDE2000 difference an attentive viewer notices side by side

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from avatar_render.face.identity import CROP, face_descriptor  # noqa: F401 - (moved to face/)
-from avatar_render.metrics.regions import Reference, luma, patch
+from avatar_render.face.identity import face_descriptor
+from avatar_render.face.patches import luma, patch
+from avatar_render.metrics.regions import Reference
 from avatar_render.metrics.series import OverTime, Track
 
 METHOD = "proxy: HOG cosine of the face crop (not a face-recognition embedding)"

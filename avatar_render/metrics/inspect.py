@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.face.patches import luma
 from avatar_render.files.names import os_reason, shown
 from avatar_render.files.targets import Inputs, check_target, signature
 from avatar_render.files.write import replace_atomically
@@ -23,7 +24,7 @@ from avatar_render.metrics.identity import IdentityResult, IdentityTracker
 from avatar_render.metrics.lips import MEASURE as LIPS_MEASURE
 from avatar_render.metrics.lips import lip_opening
 from avatar_render.metrics.motion import HeadMotionResult, HeadTracker
-from avatar_render.metrics.regions import Reference, fitted_reference, frame_reference, luma
+from avatar_render.metrics.regions import Reference, fitted_reference, frame_reference
 from avatar_render.metrics.seams import FrameChange, SeamResult, load_report, seam_result
 from avatar_render.metrics.series import Track
 from avatar_render.metrics.sharpness import FaceSharpness, SharpnessResult

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from avatar_render.face.track import TRACK_GROW, PhaseCorrelator  # noqa: F401 - (moved to face/)
-from avatar_render.metrics.regions import Reference, luma, patch
+from avatar_render.face.patches import luma, patch
+from avatar_render.face.track import TRACK_GROW, PhaseCorrelator
+from avatar_render.metrics.regions import Reference
 from avatar_render.metrics.series import Track
 
 

@@ -10,7 +10,6 @@ import numpy as np
 from avatar_render.face.detect import FaceDetector, find_face
 from avatar_render.face.fit import fit_to_frame
 from avatar_render.face.layout import FaceLayout, fallback_layout
-from avatar_render.face.patches import MIN_PATCH, eye_regions, luma, mouth_region, patch  # noqa: F401 - (moved to face/)
 from avatar_render.io.reference import load_reference
 
 

@@ -18,8 +18,8 @@ import cv2
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.face.patches import luma
 from avatar_render.files.read import read_json
-from avatar_render.metrics.regions import luma
 from avatar_render.metrics.series import Track
 from avatar_render.metrics.video import iter_frames
 from avatar_render.pipeline.schedule import plan_for

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from avatar_render.metrics.regions import Reference, luma, patch
+from avatar_render.face.patches import luma, patch
+from avatar_render.metrics.regions import Reference
 from avatar_render.metrics.series import OverTime, Track
 
 METHOD = "variance of the Laplacian of the grey face patch"

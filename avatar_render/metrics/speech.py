@@ -16,8 +16,9 @@ from typing import Iterator
 
 import numpy as np
 
+from avatar_render.face.patches import luma, mouth_region, patch
 from avatar_render.io.audio import AudioReader
-from avatar_render.metrics.regions import Reference, luma, mouth_region, patch
+from avatar_render.metrics.regions import Reference
 from avatar_render.metrics.series import Track, moving_average, pearson
 
 AUDIO_RATE = 16_000
