@@ -1,0 +1,125 @@
+"""WebRTC: the watch page played by Debian's Chromium (Playwright) over WHEP from ``--serve``, its fall-back
+to HLS, and the hub's rules for a viewer that joins late or falls behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.live_util import env, render_cmd, speech
+
+CHROMIUM = shutil.which("chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required"]
+needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium)")
+SEEN = """() => { const v = document.getElementById('video');
+    return {via: window.watch.via, frames: v.getVideoPlaybackQuality().totalVideoFrames, errors: window.watch.errors,
+            audioTracks: v.srcObject ? v.srcObject.getAudioTracks().length : null,
+            audioBytes: v.webkitAudioDecodedByteCount, delay: window.watch.delay,
+            text: document.getElementById('via').textContent}; }"""
+AUDIO_IN = """async () => { const s = await rtc.pc.getStats(); let n = 0;
+    for (const r of s.values()) if (r.type === 'inbound-rtp' && r.kind === 'audio') n += r.packetsReceived;
+    return n; }"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="needs Playwright (pip install -e '.[test]')")
+    with sync_api.sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+        context = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield context
+        context.close()
+
+
+def _serve(tmp: Path, seconds: float) -> tuple[subprocess.Popen, str]:
+    audio = speech(tmp / "speech.wav", seconds)
+    proc = subprocess.Popen(render_cmd("--audio", str(audio), "--serve", "0", "--serve-linger", "2", "-q",
+                                       "video.width=128", "video.height=128"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
+    return proc, re.search(r"http://\S+", proc.stdout.readline()).group(0)
+
+
+@pytest.mark.slow
+@needs_browser
+def test_the_page_plays_over_webrtc_with_two_viewers(tmp_path: Path, browser) -> None:
+    pytest.importorskip("aiortc", reason="needs aiortc (pip install -e '.[webrtc]')")
+    proc, url = _serve(tmp_path, 4.0)
+    pages = [browser.new_page(), browser.new_page()]
+    try:
+        for page in pages:
+            page.goto(url)
+        for page in pages:
+            page.wait_for_function("document.getElementById('video').getVideoPlaybackQuality().totalVideoFrames > 10",
+                                   timeout=60_000)
+        seen = [page.evaluate(SEEN) for page in pages]
+        audio_packets = [page.evaluate(AUDIO_IN) for page in pages]
+        with urllib.request.urlopen(url + "status.json", timeout=5) as r:
+            status = json.load(r)
+    finally:
+        for page in pages:
+            page.close()
+    assert proc.wait(timeout=60) == 0, proc.stdout.read()
+    for s, packets in zip(seen, audio_packets):
+        assert s["via"] == "webrtc" and s["text"] == "WebRTC", s
+        assert s["frames"] > 10 and s["audioTracks"] == 1 and packets > 0, (s, packets)
+        assert s["delay"] is not None and s["delay"] >= 0
+    assert status["webrtc"]["viewers"] == 2
+    assert all(isinstance(f, int) for f in status["webrtc"]["first_frames"].values())
+
+
+@pytest.mark.slow
+@needs_browser
+def test_the_page_falls_back_to_hls_when_webrtc_is_refused(tmp_path: Path, browser) -> None:
+    proc, url = _serve(tmp_path, 4.0)
+    page = browser.new_page()
+    page.route("**/whep", lambda route: route.fulfill(status=503, body="no WebRTC here"))
+    try:
+        page.goto(url)
+        page.wait_for_function("document.getElementById('video').getVideoPlaybackQuality().totalVideoFrames > 10",
+                               timeout=60_000)
+        seen = page.evaluate(SEEN)
+    finally:
+        page.close()
+    assert proc.wait(timeout=60) == 0, proc.stdout.read()
+    assert seen["via"] == "hls" and seen["text"] == "HLS", seen
+    assert "webrtc: whep answered 503" in seen["errors"]
+    assert seen["frames"] > 10 and seen["audioBytes"] > 0
+
+
+class _Track:
+    def __init__(self, limit: int) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue(limit)
+
+
+def test_a_viewer_starts_at_a_keyframe_and_one_that_falls_behind_waits_for_the_next() -> None:
+    pytest.importorskip("aiortc", reason="needs aiortc (pip install -e '.[webrtc]')")
+    from avatar_render.io.live.webrtc import _Item, _Viewer
+
+    viewer = _Viewer(None, _Track(3), _Track(10))
+
+    def item(frame: int, key: bool = False, video: bool = True) -> _Item:
+        return _Item(frame / 25, object(), video, key, frame if video else -1)
+
+    for i in (7, 8):  # joined mid-GOP: nothing until a keyframe
+        viewer.offer(item(i))
+    viewer.offer(item(8, video=False))
+    assert viewer.video.queue.empty() and viewer.audio.queue.empty() and viewer.first_frame is None
+    viewer.offer(item(10, key=True))
+    viewer.offer(item(10, video=False))
+    viewer.offer(item(11))
+    assert viewer.first_frame == 10 and viewer.video.queue.qsize() == 2 and viewer.audio.queue.qsize() == 1
+    viewer.offer(item(12))
+    viewer.offer(item(13))  # its queue is full (it is behind): what it holds goes, it waits for a keyframe
+    assert viewer.waiting and viewer.drops == 1 and viewer.video.queue.empty() and viewer.audio.queue.empty()
+    viewer.offer(item(14))
+    assert viewer.video.queue.empty()
+    viewer.offer(item(20, key=True))
+    assert not viewer.waiting and viewer.video.queue.qsize() == 1 and viewer.first_frame == 10
