@@ -123,3 +123,107 @@ def test_a_viewer_starts_at_a_keyframe_and_one_that_falls_behind_waits_for_the_n
     assert viewer.video.queue.empty()
     viewer.offer(item(20, key=True))
     assert not viewer.waiting and viewer.video.queue.qsize() == 1 and viewer.first_frame == 10
+
+
+class WhipEndpoint:
+    """A WHIP endpoint on the loopback built here on aiortc (Debian has no WHIP server to run): it
+    answers an offer with 201, decodes what arrives and counts the video frames and audio samples."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from avatar_render.io.live.rtc_loop import RtcLoop
+
+        self.loop = RtcLoop("whip-endpoint")
+        self.frames, self.samples, self.sizes, self.deleted = 0, 0, set(), False
+        self.pcs: list = []
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                offer = self.rfile.read(int(self.headers["Content-Length"])).decode()
+                answer = endpoint.loop.run(endpoint._answer(offer), timeout=10)
+                self.send_response(201)
+                self.send_header("Content-Type", "application/sdp")
+                self.send_header("Location", "/whip/session")
+                self.end_headers()
+                self.wfile.write(answer.encode())
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                endpoint.deleted = True
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"whip://127.0.0.1:{self.httpd.server_address[1]}/whip"
+
+    async def _answer(self, offer: str) -> str:
+        from aiortc import RTCSessionDescription
+        from aiortc.mediastreams import MediaStreamError
+
+        from avatar_render.io.live.rtc_loop import peer_connection
+
+        pc = peer_connection(["127.0.0.1"])
+        self.pcs.append(pc)
+
+        async def take(track) -> None:
+            try:
+                while True:
+                    frame = await track.recv()
+                    if track.kind == "video":
+                        self.frames += 1
+                        self.sizes.add((frame.width, frame.height))
+                    else:
+                        self.samples += frame.samples
+            except MediaStreamError:
+                pass
+
+        pc.on("track", lambda track: asyncio.ensure_future(take(track)))
+        await pc.setRemoteDescription(RTCSessionDescription(offer, "offer"))
+        await pc.setLocalDescription(await pc.createAnswer())
+        return pc.localDescription.sdp
+
+    def close(self) -> None:
+        async def close_all() -> None:
+            for pc in self.pcs:
+                await pc.close()
+
+        self.loop.close(close_all)
+        self.httpd.shutdown()
+
+
+@pytest.mark.slow
+def test_whip_push_reaches_an_endpoint_frames_and_audio(tmp_path: Path) -> None:
+    pytest.importorskip("aiortc", reason="needs aiortc (pip install -e '.[webrtc]')")
+    endpoint = WhipEndpoint()
+    audio = speech(tmp_path / "speech.wav", 3.0)
+    try:
+        result = subprocess.run(render_cmd("--audio", str(audio), "--live", endpoint.url, "-q", "--preroll", "0.2",
+                                           "video.width=128", "video.height=128"),
+                                capture_output=True, text=True, env=env(), timeout=120)
+    finally:
+        endpoint.close()
+    assert result.returncode == 0, result.stderr
+    assert endpoint.deleted  # the session was ended at the endpoint
+    assert endpoint.sizes == {(128, 128)}
+    assert endpoint.frames >= 70, endpoint.frames  # 75 sent; RTP on the loopback may lose one under load
+    assert endpoint.samples >= 2.5 * 48000, endpoint.samples  # 3 s of audio, less the jitter buffer's last frames
+
+
+def test_a_refused_whip_endpoint_is_one_sentence(tmp_path: Path) -> None:
+    pytest.importorskip("aiortc", reason="needs aiortc (pip install -e '.[webrtc]')")
+    from tests.live_util import free_port
+
+    port = free_port()
+    audio = speech(tmp_path / "speech.wav", 1.0)
+    result = subprocess.run(render_cmd("--audio", str(audio), "--live", f"http://127.0.0.1:{port}/whip",
+                                       "video.width=64", "video.height=64"),
+                            capture_output=True, text=True, env=env(), timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (f"Error: Could not connect to the live target http://127.0.0.1:{port}/whip: "
+                                     "connection refused.")

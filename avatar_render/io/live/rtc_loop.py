@@ -46,10 +46,10 @@ class RtcLoop:
         except RuntimeError:  # the loop is closed: the server has gone
             pass
 
-    def close(self, cleanup: Optional[Callable[[], Awaitable[None]]] = None) -> None:
+    def close(self, cleanup: Optional[Callable[[], Awaitable[None]]] = None, *, timeout: float = 5.0) -> None:
         if cleanup is not None and self.loop.is_running():
             try:
-                self.run(cleanup(), timeout=5)
+                self.run(cleanup(), timeout=timeout)
             except (TimeoutError, RuntimeError):
                 pass
         self.loop.call_soon_threadsafe(self.loop.stop)

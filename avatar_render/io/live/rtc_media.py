@@ -15,6 +15,7 @@ import av
 
 from avatar_render.io.fmp4 import AAC_FRAME, Tracks
 
+VIDEO_CLOCK = 90_000  # RTP's clock for video
 OPUS_RATE = 48000
 OPUS_FRAME = 960  # samples per Opus packet: 20 ms
 _START = b"\x00\x00\x00\x01"
@@ -64,3 +65,11 @@ class OpusFromAac:
             for resampled in self._resampler.resample(frame):
                 out += [bytes(p) for p in self._encoder.encode(resampled)]
         return out
+
+
+def packet(data: bytes, pts: int, clock: int) -> av.Packet:
+    """An encoded packet as aiortc takes it (``Encoder.pack``): its time in 1 / ``clock``."""
+    out = av.Packet(data)
+    out.pts = pts
+    out.time_base = Fraction(1, clock)
+    return out

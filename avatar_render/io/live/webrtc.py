@@ -25,12 +25,11 @@ import av
 from avatar_render.io.encoder import Fragment
 from avatar_render.io.fmp4 import AAC_PRIMING, MuxerState, Tracks
 from avatar_render.io.live.rtc_loop import RtcLoop, addresses_for, packet_track, peer_connection, without_mdns
-from avatar_render.io.live.rtc_media import OPUS_FRAME, OPUS_RATE, OpusFromAac, annexb
+from avatar_render.io.live.rtc_media import OPUS_FRAME, OPUS_RATE, VIDEO_CLOCK, OpusFromAac, annexb, packet
 
 MAX_VIEWERS = 32
 _ANSWER_TIMEOUT_S = 10.0
 _VIEWER_QUEUE_S = 1.0
-VIDEO_CLOCK = 90_000
 Say = Callable[[Literal["info", "warning"], str], None]
 
 
@@ -147,11 +146,11 @@ class WebRtcHub:
         for i, sample in enumerate(fragment.video):
             frame = fragment.first_frame + i
             data, key = annexb(sample.data, self._extradata)
-            items.append(_Item(float(frame / self._fps), _packet(data, round(frame * VIDEO_CLOCK / self._fps),
+            items.append(_Item(float(frame / self._fps), packet(data, round(frame * VIDEO_CLOCK / self._fps),
                                                                   VIDEO_CLOCK), True, key, frame))
         for sample in fragment.audio:
             for data in self._media.feed(sample.data):
-                items.append(_Item(self._audio_at, _packet(data, self._audio_pts, OPUS_RATE), False))
+                items.append(_Item(self._audio_at, packet(data, self._audio_pts, OPUS_RATE), False))
                 self._audio_at += OPUS_FRAME / OPUS_RATE
                 self._audio_pts += OPUS_FRAME
         items.sort(key=lambda it: it.at)
@@ -275,10 +274,4 @@ class WebRtcHub:
         if self._pacer is not None:
             self._pacer.cancel()
 
-
-def _packet(data: bytes, pts: int, clock: int) -> av.Packet:
-    packet = av.Packet(data)
-    packet.pts = pts
-    packet.time_base = Fraction(1, clock)
-    return packet
 
