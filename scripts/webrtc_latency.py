@@ -9,7 +9,10 @@ in ``--viewers`` tabs at once and reports:
 * glass-to-glass: for every frame shown, its display time minus the time the writer handed that frame
   over (the frame is known from its RTP timestamp, which counts frames from the viewer's first keyframe;
   the hand-over times are read from status.json, polled every 20 ms): median, p95, max;
-* the share of frames shown (per tab), the render's speed and its peak memory (its own summary line).
+* per tab, the frames received, decoded and dropped (WebRTC's statistics) and the frames shown (only the
+  tab in front: Chromium does not paint the others); the render's speed, peak memory (its own summary
+  line), resident memory after a minute and at the end, and CPU time (the browsers share the machine:
+  on 2 cores, 10 tabs take most of it).
 
 ``--no-watch`` runs the same render with no viewer, for the speed a viewer costs.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -39,6 +43,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required"]
 TAKE_SHOWN = "() => { const s = window.watch.shown; window.watch.shown = []; return s; }"
+DECODED = """async () => { if (!rtc) return null; const out = {};
+    for (const s of (await rtc.pc.getStats()).values()) if (s.type === 'inbound-rtp' && s.kind === 'video')
+      Object.assign(out, {received: s.framesReceived, decoded: s.framesDecoded, dropped: s.framesDropped,
+                          lost: s.packetsLost, freezes: s.freezeCount});
+    return out; }"""
 
 
 def speech(path: Path, seconds: float) -> None:
@@ -74,6 +83,25 @@ class Handovers(threading.Thread):
         return self.seen[i][1] if i < len(self.seen) else None
 
 
+def rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) the process has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def percentile(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
@@ -97,7 +125,14 @@ def main() -> int:
                      "render_args": args.render_args}
     if args.no_watch:
         start = time.time()
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        with (work / "render.log").open("w") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+            cpu = None
+            while proc.poll() is None:
+                cpu = cpu_s(proc.pid) or cpu
+                time.sleep(0.5)
+        done = subprocess.CompletedProcess(cmd, proc.returncode, (work / "render.log").read_text())
+        figures["render_cpu_s"] = cpu
         summary = [ln for ln in done.stdout.splitlines() if ln.startswith("Streamed")]
         figures.update(wall_s=round(time.time() - start, 2), summary=summary[-1] if summary else done.stdout[-500:])
         print(json.dumps(figures, indent=1))
@@ -124,8 +159,11 @@ def main() -> int:
         figures["first_frame_shown_s"] = round(pages[0].evaluate("window.watch.firstFrameAt") / 1000 - start, 3)
         figures["via"] = pages[0].evaluate("window.watch.via")
         shown: list[list] = [[] for _ in pages]
+        rss = []  # (s since the command's start, the render's resident memory in MB)
         while proc.poll() is None:  # (the server stays up while the pages are open: --serve-linger)
             time.sleep(2)
+            rss.append((time.time() - start, rss_mb(proc.pid)))
+            figures["render_cpu_s"] = cpu_s(proc.pid) or figures.get("render_cpu_s")
             for i, page in enumerate(pages):
                 shown[i] += page.evaluate(TAKE_SHOWN)
             status = pages[0].evaluate("fetch('status.json').then(r => r.json())")
@@ -134,6 +172,9 @@ def main() -> int:
                 break
         for i, page in enumerate(pages):
             shown[i] += page.evaluate(TAKE_SHOWN)
+        figures["video_per_viewer"] = [page.evaluate(DECODED) for page in pages]
+        figures["gops_skipped"] = status.get("webrtc", {}).get("dropped_gops")
+        figures["frames_sent"] = status.get("webrtc", {}).get("frames_sent")
         browser.close()
     handovers.stop.set()  # (it polls the server too)
     handovers.join()
@@ -148,7 +189,10 @@ def main() -> int:
         frames_shown_per_viewer=[len({f for _, f in s}) for s in shown], frames_total=total,
         glass_to_glass_s={"median": round(percentile(delays, 0.5), 3), "p95": round(percentile(delays, 0.95), 3),
                           "max": round(max(delays), 3)} if delays else None,
-        summary=summary[-1] if summary else None)
+        summary=summary[-1] if summary else None,
+        rss_mb={"after_60_s": next((round(m) for t, m in rss if t >= 60 and m), None),
+                "last": next((round(m) for _, m in reversed(rss) if m), None),
+                "max": round(max((m for _, m in rss if m), default=0))})
     print(json.dumps(figures, indent=1))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")

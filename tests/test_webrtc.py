@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -71,8 +72,7 @@ def test_the_page_plays_over_webrtc_with_two_viewers(tmp_path: Path, browser) ->
         assert s["via"] == "webrtc" and s["text"] == "WebRTC", s
         assert s["frames"] > 10 and s["audioTracks"] == 1 and packets > 0, (s, packets)
         assert s["delay"] is not None and s["delay"] >= 0
-    assert status["webrtc"]["viewers"] == 2
-    assert all(isinstance(f, int) for f in status["webrtc"]["first_frames"].values())
+    assert status["webrtc"]["viewers"] == 2 and "first_frame" not in status["webrtc"]  # (its viewer's own only)
 
 
 @pytest.mark.slow
@@ -227,3 +227,53 @@ def test_a_refused_whip_endpoint_is_one_sentence(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.strip() == (f"Error: Could not connect to the live target http://127.0.0.1:{port}/whip: "
                                      "connection refused.")
+
+
+def test_whep_answers_an_offer_hangs_up_and_refuses_garbage(tmp_path: Path) -> None:
+    pytest.importorskip("aiortc", reason="needs aiortc (pip install -e '.[webrtc]')")
+    from avatar_render.io.live.rtc_loop import RtcLoop, peer_connection
+    from avatar_render.io.live.server import WatchServer
+    from avatar_render.io.live.webrtc import WebRtcHub
+
+    async def offer() -> str:
+        pc = peer_connection(["127.0.0.1"])
+        pc.addTransceiver("video", direction="recvonly")
+        pc.addTransceiver("audio", direction="recvonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        await pc.close()
+        return pc.localDescription.sdp
+
+    def call(url: str, method: str, body: bytes = b"") -> tuple[int, dict, bytes]:
+        request = urllib.request.Request(url, data=body or None, method=method,
+                                         headers={"Content-Type": "application/sdp"})
+        try:
+            with urllib.request.urlopen(request, timeout=15) as r:
+                return r.status, dict(r.headers), r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
+
+    client = RtcLoop("whep-client")
+    messages: list = []
+    hub = WebRtcHub(host="127.0.0.1", buffer_s=10, say=lambda *m: messages.append(m))
+    server = WatchServer("127.0.0.1", 0, tmp_path, "live.m3u8", served=frozenset, webrtc=hub)
+    plain = WatchServer("127.0.0.1", 0, tmp_path, "live.m3u8", served=frozenset)
+    try:
+        sdp = client.run(offer(), timeout=15)
+        code, headers, answer = call(server.url + "whep", "POST", sdp.encode())
+        assert code == 201 and headers["Content-Type"] == "application/sdp", (code, answer)
+        assert "H264" in answer.decode() and "opus" in answer.decode()
+        assert "a=candidate" in answer.decode() and "127.0.0.1" in answer.decode()
+        with urllib.request.urlopen(server.url + "status.json", timeout=5) as r:
+            assert json.load(r)["webrtc"]["viewers"] == 1
+        session = headers["Location"].rsplit("/", 1)[1]
+        with urllib.request.urlopen(server.url + "status.json?session=" + session, timeout=5) as r:
+            assert json.load(r)["webrtc"]["first_frame"] is None  # (no frame sent yet)
+        assert call(server.url + headers["Location"].lstrip("/"), "DELETE")[0] == 200
+        assert call(server.url + headers["Location"].lstrip("/"), "DELETE")[0] == 404
+        assert hub.status()["viewers"] == 0
+        assert call(server.url + "whep", "POST", b"v=0 not an offer")[0] == 503
+        assert call(plain.url + "whep", "POST", sdp.encode())[0] == 501  # no WebRTC: the page plays HLS
+    finally:
+        server.close()
+        plain.close()
+        client.close()

@@ -47,6 +47,8 @@ class Live:
         if not 0 < opts.gop_seconds <= 3600:
             raise AvatarRenderError(
                 f"The live GOP length of {opts.gop_seconds:g} s must be positive and at most an hour.")
+        if any(t.kind == "whip" for t in self.targets) and importlib.util.find_spec("aiortc") is None:
+            raise AvatarRenderError("Publishing to a WHIP endpoint needs aiortc: pip install 'avatar-render[webrtc]'.")
         if sum(t.kind == "stdout" for t in self.targets) > 1:
             raise AvatarRenderError("Standard output ('-') can be a live target only once.")
         hls = [t for t in self.targets if t.kind == "hls"]

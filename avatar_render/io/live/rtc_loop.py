@@ -47,15 +47,26 @@ class RtcLoop:
             pass
 
     def close(self, cleanup: Optional[Callable[[], Awaitable[None]]] = None, *, timeout: float = 5.0) -> None:
-        if cleanup is not None and self.loop.is_running():
-            try:
+        """``cleanup`` run, the tasks left cancelled, the loop stopped. Never raises."""
+        if self.loop.is_closed():
+            return
+        try:
+            if cleanup is not None:
                 self.run(cleanup(), timeout=timeout)
-            except (TimeoutError, RuntimeError):
-                pass
+            self.run(_cancel_the_rest(), timeout=2)
+        except Exception:  # (TimeoutError, or whatever the cleanup met: the loop is stopped all the same)
+            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _cancel_the_rest() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def addresses_for(host: str) -> Optional[list[str]]:

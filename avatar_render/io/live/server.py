@@ -51,14 +51,15 @@ class WatchServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the standard library's name
                 server.last_request = time.monotonic()
-                path = self.path.split("?", 1)[0]
+                path, _, query = self.path.partition("?")
                 if path == "/favicon.ico":
                     self._reply(b"", "image/x-icon", cache=True)
                 elif path in files:
                     self._reply(*files[path], cache=True)
                 elif path == "/status.json":
                     ready = server.playlist in server.served()  # the player starts once it is there
-                    rtc = {} if server.webrtc is None else {"webrtc": server.webrtc.status()}
+                    session = query[len("session="):] if query.startswith("session=") else None
+                    rtc = {} if server.webrtc is None else {"webrtc": server.webrtc.status(session)}
                     self._reply(json.dumps({**server.status, "playlist": ready, **rtc}).encode(), "application/json")
                 elif (path.startswith("/live/") and _NAME.match(path[6:]) and Path(path[6:]).suffix in _TYPES
                       and path[6:] in server.served()):

@@ -13,6 +13,7 @@ as does a viewer who joins while the stream runs.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import secrets
 import time
@@ -65,7 +66,7 @@ class _Viewer:
         queue = (self.video if item.video else self.audio).queue
         try:
             queue.put_nowait(item.packet)
-        except Exception:  # asyncio.QueueFull: this viewer is behind; it goes on at the next keyframe
+        except asyncio.QueueFull:  # this viewer is behind: it goes on at the next keyframe
             for track in (self.video, self.audio):
                 while not track.queue.empty():
                     track.queue.get_nowait()
@@ -95,6 +96,7 @@ class WebRtcHub:
         self.newest_frame = -1  # the last frame handed over by the writer
         self.newest_at: Optional[float] = None  # its time.time()
         self.sent_frame = -1  # the last frame sent out
+        self.frames_sent = 0
         self.dropped_gops = 0
         self.ended = False
         self._loop.soon(self._start_pacer)
@@ -109,7 +111,7 @@ class WebRtcHub:
             return self._loop.run(self._answer(offer), timeout=_ANSWER_TIMEOUT_S)
         except TimeoutError:
             raise Refused("no answer could be made in time") from None
-        except (ValueError, RuntimeError) as exc:  # aiortc's words for an offer it cannot take
+        except Exception as exc:  # (aiortc's ValueError, OperationError...: an offer it cannot take)
             raise Refused(str(exc) or type(exc).__name__) from None
 
     def hang_up(self, session: str) -> bool:
@@ -121,13 +123,16 @@ class WebRtcHub:
             pass
         return True
 
-    def status(self) -> dict:
-        firsts = {k: v.first_frame for k, v in list(self._viewers.items())}
+    def status(self, session: Optional[str] = None) -> dict:
+        """For status.json; with ``session`` (its viewer's own), the frame that viewer's picture started at
+        (the session ids stay with their viewers: an id is what hangs a viewer up)."""
+        viewer = self._viewers.get(session) if session else None
         behind = max(0, self.newest_frame - self.sent_frame) / self._fps if self.sent_frame >= 0 else None
-        return {"viewers": len(firsts), "first_frames": firsts, "newest_frame": self.newest_frame,
-                "newest_at": self.newest_at, "sent_frame": self.sent_frame, "fps": float(self._fps),
+        return {"viewers": len(self._viewers), "newest_frame": self.newest_frame, "newest_at": self.newest_at,
+                "sent_frame": self.sent_frame, "frames_sent": self.frames_sent, "fps": float(self._fps),
                 "behind_s": None if behind is None else round(float(behind), 3), "dropped_gops": self.dropped_gops,
-                "ended": self.ended}
+                "ended": self.ended,
+                **({"first_frame": viewer.first_frame, "lapses": viewer.drops} if viewer is not None else {})}
 
     # The writer's side.
 
@@ -174,8 +179,6 @@ class WebRtcHub:
     # The loop's side.
 
     def _start_pacer(self) -> None:
-        import asyncio
-
         self._wake = asyncio.Event()
         self._pacer = self._loop.loop.create_task(self._pace())
 
@@ -207,8 +210,6 @@ class WebRtcHub:
             timed = [it for it in self._queue if isinstance(it, _Item)]
 
     async def _pace(self) -> None:
-        import asyncio
-
         loop = self._loop.loop
         while True:
             if not self._queue:
@@ -230,6 +231,7 @@ class WebRtcHub:
             self._queue.popleft()
             if item.video:
                 self.sent_frame = item.frame
+                self.frames_sent += 1
             for viewer in list(self._viewers.values()):
                 viewer.offer(item)
 
