@@ -20,6 +20,7 @@ in ``--viewers`` tabs at once and reports:
     python scripts/webrtc_latency.py --seconds 300 --viewers 10
     python scripts/webrtc_latency.py --seconds 300 --no-watch
     python scripts/webrtc_latency.py --seconds 300 -- --live-buffer 1 chunk.chunk_frames=10 chunk.transition_frames=0
+    python scripts/webrtc_latency.py --seconds 300 --paced -- chunk.chunk_frames=10 chunk.transition_frames=0
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--viewers", type=int, default=1)
     ap.add_argument("--no-watch", action="store_true", help="no browser: the render's speed without a viewer")
+    ap.add_argument("--paced", action="store_true",
+                    help="hold generation to real time, as a session's would be: an RTMP target on the loopback "
+                         "(an ffmpeg listener) with a 0.5-s queue makes the writer wait for the wire")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("render_args", nargs="*", help="more for the render, after --: options, config overrides")
     args = ap.parse_args()
@@ -121,8 +125,20 @@ def main() -> int:
     cmd = [sys.executable, "-m", "avatar_render", "render", "--ref", str(ROOT / "examples" / "face.png"),
            "--audio", str(work / "speech.wav"), "--serve", "0", "--serve-linger", "1",
            f"video.width={args.size}", f"video.height={args.size}", *args.render_args]
-    figures: dict = {"seconds": args.seconds, "size": args.size, "viewers": 0 if args.no_watch else args.viewers,
-                     "render_args": args.render_args}
+    listener = None
+    if args.paced:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        url = f"rtmp://127.0.0.1:{port}/live/bench"
+        listener = subprocess.Popen(["ffmpeg", "-hide_banner", "-loglevel", "error", "-listen", "1", "-i", url,
+                                     "-c", "copy", "-f", "null", "-"], stdin=subprocess.DEVNULL)
+        time.sleep(1.0)  # (it listens)
+        cmd += ["--live", url, "--live-buffer", "0.5", "--preroll", "0.5"]
+    figures: dict = {"seconds": args.seconds, "paced": args.paced, "size": args.size,
+                     "viewers": 0 if args.no_watch else args.viewers, "render_args": args.render_args}
     if args.no_watch:
         start = time.time()
         with (work / "render.log").open("w") as log:
@@ -193,6 +209,8 @@ def main() -> int:
         rss_mb={"after_60_s": next((round(m) for t, m in rss if t >= 60 and m), None),
                 "last": next((round(m) for _, m in reversed(rss) if m), None),
                 "max": round(max((m for _, m in rss if m), default=0))})
+    if listener is not None:
+        listener.wait(timeout=30)
     print(json.dumps(figures, indent=1))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")

@@ -79,7 +79,8 @@ class WatchServer:
                 if self.path != "/whep" or server.webrtc is None:
                     self.send_error(HTTPStatus.NOT_FOUND if server.webrtc is not None else HTTPStatus.NOT_IMPLEMENTED)
                     return
-                size = int(self.headers.get("Content-Length") or 0)
+                size = self.headers.get("Content-Length", "")
+                size = int(size) if size.isdigit() else 0
                 if not 0 < size <= _OFFER_LIMIT:
                     self.send_error(HTTPStatus.BAD_REQUEST)
                     return
