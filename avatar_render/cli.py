@@ -127,10 +127,11 @@ def render(
                          "recorded (byte for byte the uninterrupted render).")] = False,
     live: Annotated[Optional[list[str]], typer.Option(
         "--live", metavar="TARGET", help="Publish while rendering (repeatable): rtmp://host/app/key, srt://host:port, "
-                                         "PATH.m3u8 (HLS) or - (fragmented MP4 on standard output).")] = None,
+                                         "whip://host/path (WebRTC), PATH.m3u8 (HLS) or - (fragmented MP4 on standard "
+                                         "output).")] = None,
     serve: Annotated[Optional[str], typer.Option(
-        "--serve", metavar="[ADDR:]PORT", help="Serve a watch page and the HLS stream over HTTP (loopback by default; "
-                                               "port 0: any).")] = None,
+        "--serve", metavar="[ADDR:]PORT", help="Serve a watch page (WebRTC, HLS as the fall-back) over HTTP "
+                                               "(loopback by default; port 0: any).")] = None,
     underrun: Annotated[str, typer.Option(
         "--underrun", help="RTMP/SRT when generation is slower than real time: stall (wait), hold (last frame and "
                            "silence), preroll (start late enough to play through).")] = "stall",

@@ -169,6 +169,7 @@ def test_watch_page_plays_in_chromium_while_rendering(tmp_path: Path) -> None:
     with sync_api.sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
         browser = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=flags)
         page = browser.new_page()
+        page.route("**/whep", lambda route: route.fulfill(status=503))  # the HLS player (WebRTC: test_webrtc.py)
         # held before its fourth chunk: the first frame shows while the render cannot have ended
         proc = held_render(go, 4, "--audio", str(audio), "-o", str(out), "--serve", "0", "--serve-linger", "2", "-q")
         url = re.search(r"http://\S+", proc.stdout.readline()).group(0)

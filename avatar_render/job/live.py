@@ -4,6 +4,7 @@ Only the writing process (process 0 of a launch) gets here, so only it publishes
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 from fractions import Fraction
@@ -19,6 +20,7 @@ from avatar_render.io.live.pipe import PipeSink
 from avatar_render.io.live.push import POLICIES, Pacing, PushSink
 from avatar_render.io.live.server import WatchServer
 from avatar_render.io.live.targets import LiveTarget, parse_serve, parse_target
+from avatar_render.io.live.webrtc import WebRtcHub
 from avatar_render.io.sink import Sink
 from avatar_render.io.spec import WriterSpec
 from avatar_render.job.output import request_inputs
@@ -45,6 +47,8 @@ class Live:
         if not 0 < opts.gop_seconds <= 3600:
             raise AvatarRenderError(
                 f"The live GOP length of {opts.gop_seconds:g} s must be positive and at most an hour.")
+        if any(t.kind == "whip" for t in self.targets) and importlib.util.find_spec("aiortc") is None:
+            raise AvatarRenderError("Publishing to a WHIP endpoint needs aiortc: pip install 'avatar-render[webrtc]'.")
         if sum(t.kind == "stdout" for t in self.targets) > 1:
             raise AvatarRenderError("Standard output ('-') can be a live target only once.")
         hls = [t for t in self.targets if t.kind == "hls"]
@@ -64,9 +68,14 @@ class Live:
                 self._temp = new_temp_folder("avatar-render-live-")
                 folder, playlist = self._temp, _SERVED_PLAYLIST
                 self.targets.append(LiveTarget("hls", str(self._temp / playlist), path=self._temp / playlist))
+            # WebRTC viewers where aiortc is installed (the 'webrtc' extra); else the page plays HLS
+            hub = (WebRtcHub(host=host, buffer_s=opts.buffer_s, say=on_message)
+                   if importlib.util.find_spec("aiortc") is not None else None)
             try:
-                self.server = WatchServer(host, port, folder, playlist, served=self._served_names)
+                self.server = WatchServer(host, port, folder, playlist, served=self._served_names, webrtc=hub)
             except BaseException:
+                if hub is not None:
+                    hub.shutdown()
                 self.close()
                 raise
             on_message("notice", f"Watch the render at {self.server.url}")
@@ -103,6 +112,8 @@ class Live:
                 sinks.append(PipeSink(1, say=self.say))
             else:
                 sinks.append(PushSink(t, pacing, spec=spec, say=self.say, total_seconds=total_seconds))
+        if self.server is not None and self.server.webrtc is not None:
+            sinks.append(self.server.webrtc)
         self.sinks = sinks
         return sinks
 

@@ -1,4 +1,4 @@
-"""A push target (RTMP, SRT) fed at wall-clock pace from a bounded queue of encoded fragments.
+"""A push target (RTMP, SRT, WHIP) fed at wall-clock pace from a bounded queue of encoded fragments.
 
 Packet times come from the counters: video frame ``i`` at ``i / fps``, audio at its sample clock, both
 plus the AAC priming (so that nothing is negative) and, under ``hold``, the filler sent so far.
@@ -30,6 +30,7 @@ from avatar_render.io.encoder import Fragment
 from avatar_render.io.fmp4 import AAC_FRAME, AAC_PRIMING, MuxerState, Tracks
 from avatar_render.io.live.filler import Filler
 from avatar_render.io.live.targets import LiveTarget
+from avatar_render.io.live.whip import WhipConnection
 from avatar_render.io.live.wire import WIRE_CLOCK, Sender, WirePacket, connect
 from avatar_render.io.spec import WriterSpec
 
@@ -162,7 +163,7 @@ class PushSink:
         self._next_video = self._video_pts(first_frame)
         self._next_audio = self._audio_pts(start.audio_time)
         try:
-            self._conn = connect(self.target, tracks)
+            self._conn = _connect(self.target, tracks)
         except ConnectionError as exc:
             raise AvatarRenderError(f"Could not connect to the live target {self.name}: {exc}.") from None
         if self.pacing.policy == "hold":
@@ -405,7 +406,7 @@ class PushSink:
                 raise _Abort
             delay = min(2 * delay, 8.0)
             try:
-                self._conn = connect(self.target, self._tracks)
+                self._conn = _connect(self.target, self._tracks)
                 break
             except ConnectionError as exc:
                 reason = str(exc)
@@ -419,6 +420,10 @@ class PushSink:
         self.stats.reconnects += 1
         self._lost, self._need_key = False, True
         self.say("info", f"live: reconnected to {self.name}; the stream goes on at the next keyframe.")
+
+
+def _connect(target: LiveTarget, tracks: Tracks) -> Union[Sender, WhipConnection]:
+    return WhipConnection(target, tracks) if target.kind == "whip" else connect(target, tracks)
 
 
 def _hold_frames(fps: Fraction, rate: int) -> int:

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Callable, Collection, Optional
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.io.live.webrtc import Refused, WebRtcHub
 
 _TYPES = {".m3u8": "application/vnd.apple.mpegurl", ".m4s": "video/iso.segment", ".mp4": "video/mp4"}
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+_OFFER_LIMIT = 64 << 10  # an SDP offer is a few KB
 
 
 def _static(name: str) -> bytes:
@@ -30,11 +32,13 @@ class WatchServer:
     """Serves ``folder``'s playlist ``playlist`` and its segments under /live/, the page at /, the
     progress at /status.json. Only the names ``served()`` gives at the time of the request are handed
     out (the files the render wrote and listed): anything else in the folder is not found.
-    ``last_request`` (time.monotonic()) tells whether anyone is watching."""
+    ``last_request`` (time.monotonic()) tells whether anyone is watching. With ``webrtc``, an SDP offer
+    POSTed to /whep is answered by it (WHEP), and /whep/SESSION is hung up by a DELETE."""
 
     def __init__(self, host: str, port: int, folder: Path, playlist: str, *,
-                 served: Callable[[], Collection[str]]) -> None:
+                 served: Callable[[], Collection[str]], webrtc: Optional[WebRtcHub] = None) -> None:
         self.folder, self.playlist, self.served = Path(folder), playlist, served
+        self.webrtc = webrtc
         self.status: dict = {"state": "starting", "chunks": 0, "frames": 0, "frames_total": None,
                              "generated_fps": 0.0, "realtime_factor": 0.0, "eta_s": None}
         self.last_request: Optional[float] = None
@@ -47,14 +51,16 @@ class WatchServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the standard library's name
                 server.last_request = time.monotonic()
-                path = self.path.split("?", 1)[0]
+                path, _, query = self.path.partition("?")
                 if path == "/favicon.ico":
                     self._reply(b"", "image/x-icon", cache=True)
                 elif path in files:
                     self._reply(*files[path], cache=True)
                 elif path == "/status.json":
                     ready = server.playlist in server.served()  # the player starts once it is there
-                    self._reply(json.dumps({**server.status, "playlist": ready}).encode(), "application/json")
+                    session = query[len("session="):] if query.startswith("session=") else None
+                    rtc = {} if server.webrtc is None else {"webrtc": server.webrtc.status(session)}
+                    self._reply(json.dumps({**server.status, "playlist": ready, **rtc}).encode(), "application/json")
                 elif (path.startswith("/live/") and _NAME.match(path[6:]) and Path(path[6:]).suffix in _TYPES
                       and path[6:] in server.served()):
                     try:
@@ -68,9 +74,37 @@ class WatchServer:
                 else:
                     self.send_error(HTTPStatus.NOT_FOUND)
 
-            def _reply(self, body: bytes, kind: str, *, cache: bool = False) -> None:
+            def do_POST(self) -> None:  # noqa: N802
+                server.last_request = time.monotonic()
+                if self.path != "/whep" or server.webrtc is None:
+                    self.send_error(HTTPStatus.NOT_FOUND if server.webrtc is not None else HTTPStatus.NOT_IMPLEMENTED)
+                    return
+                size = self.headers.get("Content-Length", "")
+                size = int(size) if size.isdigit() else 0
+                if not 0 < size <= _OFFER_LIMIT:
+                    self.send_error(HTTPStatus.BAD_REQUEST)
+                    return
                 try:
-                    self.send_response(HTTPStatus.OK)
+                    session, answer = server.webrtc.answer(self.rfile.read(size).decode("utf-8", "replace"))
+                except Refused as exc:
+                    self.send_error(HTTPStatus.SERVICE_UNAVAILABLE, explain=str(exc))
+                    return
+                self._reply(answer.encode(), "application/sdp", status=HTTPStatus.CREATED,
+                            headers={"Location": f"/whep/{session}"})
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                session = self.path[len("/whep/"):] if self.path.startswith("/whep/") else ""
+                if server.webrtc is not None and session and server.webrtc.hang_up(session):
+                    self._reply(b"", "text/plain")
+                else:
+                    self.send_error(HTTPStatus.NOT_FOUND)
+
+            def _reply(self, body: bytes, kind: str, *, cache: bool = False, status: HTTPStatus = HTTPStatus.OK,
+                       headers: Optional[dict] = None) -> None:
+                try:
+                    self.send_response(status)
+                    for name, value in (headers or {}).items():
+                        self.send_header(name, value)
                     self.send_header("Content-Type", kind)
                     self.send_header("Content-Length", str(len(body)))
                     self.send_header("Cache-Control", "max-age=3600" if cache else "no-cache")
@@ -97,6 +131,8 @@ class WatchServer:
         return f"http://{host}:{port}/"
 
     def close(self) -> None:
+        if self.webrtc is not None:
+            self.webrtc.shutdown()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)

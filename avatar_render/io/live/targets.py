@@ -1,4 +1,4 @@
-"""What ``--live TARGET`` names: a push server (RTMP, SRT), an HLS playlist, or standard output."""
+"""What ``--live TARGET`` names: a push server (RTMP, SRT, a WHIP endpoint), an HLS playlist, or standard output."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from avatar_render.errors import AvatarRenderError
 
-Kind = Literal["rtmp", "srt", "hls", "stdout"]
+Kind = Literal["rtmp", "srt", "whip", "hls", "stdout"]
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class LiveTarget:
     @property
     def pushed(self) -> bool:
         """Sent at wall-clock pace to a server (the others are written as fast as they are encoded)."""
-        return self.kind in ("rtmp", "srt")
+        return self.kind in ("rtmp", "srt", "whip")
 
     @property
     def shown(self) -> str:
@@ -55,9 +55,14 @@ def parse_target(text: str) -> LiveTarget:
         if not parts.hostname or port is None:
             raise AvatarRenderError(f"The SRT target '{text}' must be srt://host:port (options after '?').")
         return LiveTarget("srt", text)
+    if scheme in ("whip", "whips") or (scheme in ("http", "https") and "whip" in urlsplit(text).path.lower()):
+        if not urlsplit(text).hostname:
+            raise AvatarRenderError(f"The WHIP target '{text}' must be whip://host[:port]/path or an http(s):// URL.")
+        return LiveTarget("whip", text)
     if scheme:
         raise AvatarRenderError(
-            f"Live target '{text}': {scheme}:// is not supported; use rtmp://, srt://, a .m3u8 path or -.")
+            f"Live target '{text}': {scheme}:// is not supported; use rtmp://, srt://, whip:// (or an http(s):// "
+            "WHIP endpoint, its path with 'whip' in it), a .m3u8 path or -.")
     if text.lower().endswith(".m3u8"):
         return LiveTarget("hls", text, path=Path(text))
     raise AvatarRenderError(
