@@ -26,8 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import wave
 from pathlib import Path
+
+from avatar_render.bench import loop_speech
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("generation", "copy", "move")
@@ -76,24 +77,13 @@ main()
 """
 
 
-def long_speech(src: Path, dst: Path, seconds: float) -> None:
-    """``src`` (a WAV) repeated to ``seconds``."""
-    with wave.open(str(src)) as w:
-        params, data = w.getparams(), w.readframes(w.getnframes())
-    frame = params.sampwidth * params.nchannels
-    need = int(seconds * params.framerate) * frame
-    with wave.open(str(dst), "wb") as out:
-        out.setparams(params)
-        out.writeframes((data * (need // len(data) + 1))[:need])
-
-
 class Campaign:
     def __init__(self, work: Path, args: argparse.Namespace) -> None:
         self.work, self.a = work, args
         self.kill_file = work / "kill-now"
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CAMPAIGN_KILL": str(self.kill_file)}
         self.audio = work / "speech.wav"
-        long_speech(args.audio, self.audio, args.seconds)
+        loop_speech(args.audio, args.seconds, self.audio)
         self.rng = random.Random(args.seed)
 
     def command(self, output: Path, *extra: str, driver: str | None = None,

@@ -29,8 +29,9 @@ import sys
 import tempfile
 import threading
 import time
-import wave
 from pathlib import Path
+
+from avatar_render.bench import loop_speech
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,15 +40,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def long_speech(path: Path, seconds: float) -> None:
-    with wave.open(str(ROOT / "examples" / "talk.wav")) as src:
-        params, data = src.getparams(), src.readframes(src.getnframes())
-    need = int(seconds * params.framerate) * params.sampwidth * params.nchannels
-    with wave.open(str(path), "wb") as out:
-        out.setparams(params)
-        out.writeframes((data * (need // len(data) + 1))[:need])
 
 
 def rss_mb(pid: int) -> float | None:
@@ -102,7 +94,7 @@ def main() -> int:
         sys.exit("needs the ffmpeg command (apt-get install ffmpeg)")
     work = Path(tempfile.mkdtemp(prefix="live-soak-"))
     speech = work / "speech.wav"
-    long_speech(speech, args.seconds)
+    loop_speech(ROOT / "examples" / "talk.wav", args.seconds, speech)
     port = free_port()
     url = f"rtmp://127.0.0.1:{port}/live/soak"
     # no probing: the listener passes each tag on as it arrives

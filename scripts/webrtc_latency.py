@@ -37,8 +37,9 @@ import tempfile
 import threading
 import time
 import urllib.request
-import wave
 from pathlib import Path
+
+from avatar_render.bench import loop_speech
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -49,15 +50,6 @@ DECODED = """async () => { if (!rtc) return null; const out = {};
       Object.assign(out, {received: s.framesReceived, decoded: s.framesDecoded, dropped: s.framesDropped,
                           lost: s.packetsLost, freezes: s.freezeCount});
     return out; }"""
-
-
-def speech(path: Path, seconds: float) -> None:
-    with wave.open(str(ROOT / "examples" / "talk.wav")) as src:
-        params, data = src.getparams(), src.readframes(src.getnframes())
-    need = int(seconds * params.framerate) * params.sampwidth * params.nchannels
-    with wave.open(str(path), "wb") as out:
-        out.setparams(params)
-        out.writeframes((data * (need // len(data) + 1))[:need])
 
 
 class Handovers(threading.Thread):
@@ -121,7 +113,7 @@ def main() -> int:
     ap.add_argument("render_args", nargs="*", help="more for the render, after --: options, config overrides")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="webrtc-latency-"))
-    speech(work / "speech.wav", args.seconds)
+    loop_speech(ROOT / "examples" / "talk.wav", args.seconds, work / "speech.wav")
     cmd = [sys.executable, "-m", "avatar_render", "render", "--ref", str(ROOT / "examples" / "face.png"),
            "--audio", str(work / "speech.wav"), "--serve", "0", "--serve-linger", "1",
            f"video.width={args.size}", f"video.height={args.size}", *args.render_args]
