@@ -89,8 +89,10 @@ def _guard(out: Out, debug: bool, fn: Callable[[], None]) -> None:
 @app.command()
 def render(
     ref: Annotated[Path, typer.Option("--ref", help="Reference image (PNG/JPEG/WebP) or video.")],
-    audio: Annotated[Path, typer.Option(
-        "--audio", help="Audio of any length: wav, flac, mp3, m4a, ogg, opus or a video file.")],
+    audio: Annotated[str, typer.Option(
+        "--audio", help="Audio of any length: wav, flac, mp3, m4a, ogg, opus or a video file; or a stream "
+                        "(a session): - (standard input), post: (pushed to --serve), rtmp://ADDR:PORT/app/key "
+                        "(listener).")],
     output: Annotated[Optional[Path], typer.Option(
         "-o", "--output", help="Output .mp4 file (the record; optional with --live or --serve).")] = None,
     overrides: OverridesArg = None,
@@ -144,7 +146,10 @@ def render(
             raise AvatarRenderError("Give an output file (-o), a live target (--live) or --serve.")
         options = LiveOptions(targets=tuple(live or ()), serve=serve, underrun=underrun, preroll_s=preroll,
                               buffer_s=live_buffer, retry_s=live_retry, gop_seconds=live_gop, linger_s=serve_linger)
-        request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report,
+        from avatar_render.io.audio_stream import is_stream
+
+        source = audio if is_stream(audio) else Path(audio)
+        request = RenderRequest(reference=ref, audio=source, output=output, config=cfg, force=force, report=report,
                                 resume=resume, config_file=config, live=options)
         on_message = lambda level, text: {"warning": out.warn, "notice": out.notice}.get(level, out.info)(text)  # noqa: E731
         stopping = StopSignals(

@@ -33,7 +33,7 @@ class LiveOptions:
 @dataclass(frozen=True)
 class RenderRequest:
     reference: Path
-    audio: Path
+    audio: Path | str  # a file, or a stream: "-" (standard input), "post:" (pushed to --serve), rtmp://... (listener)
     output: Optional[Path]  # the MP4 (the record); None: live only (needs live targets, no --resume)
     config: Config = field(default_factory=Config)
     force: bool = False  # replace an existing output file; discard an interrupted render's partial output
@@ -74,3 +74,6 @@ class RenderReport:
     resumed_frames: int = 0  # frames taken over from an interrupted run (not counted in the speeds)
     peak_gpu_mb: Optional[float] = None  # GPU memory allocated at the peak (this process), None without a GPU
     live: Optional[dict] = None  # per live target: first frame out (s from the inputs being ready), stalls, drops, CPU
+    open_duration: bool = False  # a session: the audio was a stream whose length was not known at the start
+    idle_s: Optional[float] = None  # a real-time session: silence put in while no audio came (in the output's audio)
+    idle: Optional[list] = None  # a real-time session: [start s, length s] of each stretch of that silence
