@@ -22,7 +22,7 @@ import pytest
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
 from avatar_render.errors import AvatarRenderError
-from tests.live_util import FFMPEG, env, free_port, needs_ffmpeg, render_cmd, speech, wait_listening
+from tests.live_util import FFMPEG, env, free_port, needs_ffmpeg, render_cmd, wait_listening
 
 RATE = 16000  # the sessions' raw PCM: s16le, 16 kHz, mono (an AAC rate: the output keeps it)
 REALTIME_CHUNKS = ("chunk.chunk_frames=12", "chunk.transition_frames=4")  # what a real-time session renders with
