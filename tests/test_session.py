@@ -86,30 +86,24 @@ def _moving(frames: np.ndarray) -> bool:
 
 @needs_ffmpeg
 def test_a_finished_file_piped_in_renders_the_same_bytes_as_the_file(tmp_path):
-    """--audio - with a WAV whose header says 0xFFFFFFFF (as ffmpeg writes to a pipe), or a length that is wrong,
-    gives the file render's bytes; the report says the duration was open."""
-    wav = _wav(tmp_path / "talk.wav", _pcm(3.0))
+    """--audio - with a WAV whose header says 0xFFFFFFFF (as ffmpeg writes to a pipe) or a wrong length, or with
+    raw PCM (audio.raw), gives the file render's bytes; the report says the duration was open."""
+    pcm = _pcm(2.0)
+    wav = _wav(tmp_path / "talk.wav", pcm)
     _render("--audio", str(wav), "-o", str(tmp_path / "file.mp4"))
     piped = subprocess.run([FFMPEG, "-v", "error", "-i", str(wav), "-c:a", "pcm_s16le", "-f", "wav", "-"],
                            capture_output=True, check=True).stdout
     at = piped.index(b"data") + 4
     assert piped[at:at + 4] in (b"\xff\xff\xff\xff", b"\0\0\0\0")  # what a pipe's WAV header says
     _render("--audio", "-", "-o", str(tmp_path / "pipe.mp4"), "--report", str(tmp_path / "pipe.json"), stdin=piped)
-    wrong = _wav(tmp_path / "wrong.wav", _pcm(3.0), data_size=4000).read_bytes()
+    wrong = _wav(tmp_path / "wrong.wav", pcm, data_size=4000).read_bytes()
     _render("--audio", "-", "-o", str(tmp_path / "wrong.mp4"), stdin=wrong)
-    file_bytes = (tmp_path / "file.mp4").read_bytes()
-    assert (tmp_path / "pipe.mp4").read_bytes() == file_bytes
-    assert (tmp_path / "wrong.mp4").read_bytes() == file_bytes
-    report = json.loads((tmp_path / "pipe.json").read_text())
-    assert report["open_duration"] is True and report["frames"] == 75 and report["idle_s"] is None
-
-
-@needs_ffmpeg
-def test_raw_pcm_on_standard_input_is_read_with_audio_raw(tmp_path):
-    pcm = _pcm(2.0)
-    _render("--audio", str(_wav(tmp_path / "a.wav", pcm)), "-o", str(tmp_path / "file.mp4"))
     _render("--audio", "-", "-o", str(tmp_path / "raw.mp4"), "audio.raw=s16le:16000:1", stdin=pcm.tobytes())
-    assert (tmp_path / "raw.mp4").read_bytes() == (tmp_path / "file.mp4").read_bytes()
+    file_bytes = (tmp_path / "file.mp4").read_bytes()
+    for name in ("pipe.mp4", "wrong.mp4", "raw.mp4"):
+        assert (tmp_path / name).read_bytes() == file_bytes, name
+    report = json.loads((tmp_path / "pipe.json").read_text())
+    assert report["open_duration"] is True and report["frames"] == 50 and report["idle_s"] is None
 
 
 @needs_ffmpeg
@@ -239,3 +233,27 @@ def test_a_session_cannot_be_resumed_nor_pushed_to_without_serve(tmp_path, face_
     with pytest.raises(AvatarRenderError, match="is not a raw PCM format"):
         render(RenderRequest(reference=face_png, audio="-", output=tmp_path / "o.mp4", config=bad))
     assert not list(tmp_path.iterdir())
+
+
+@needs_ffmpeg
+def test_an_rtmp_sender_into_the_listener_is_a_real_time_session(tmp_path):
+    """ffmpeg -re publishes 2 s of speech (AAC in FLV) to --audio rtmp://127.0.0.1:PORT/...: the session (real
+    time by default) ends with the publisher and holds its audio; video and audio end within a frame."""
+    wav = _wav(tmp_path / "talk.wav", _pcm(2.0))
+    port = free_port()
+    session = subprocess.Popen(render_cmd("--audio", f"rtmp://127.0.0.1:{port}/live/key", "-o", str(tmp_path / "s.mp4"),
+                                          "--report", str(tmp_path / "s.json"), "-q"),
+                               stderr=subprocess.PIPE, env=env())
+    try:
+        wait_listening(port, timeout=60)
+        subprocess.run([FFMPEG, "-v", "error", "-re", "-i", str(wav), "-c:a", "aac", "-f", "flv",
+                        f"rtmp://127.0.0.1:{port}/live/key"], check=True, timeout=60)
+        assert session.wait(timeout=120) == 0, session.stderr.read().decode()[-2000:]
+    finally:
+        session.kill()
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert report["open_duration"] is True and report["idle_s"] is not None
+    # what came is the sender's AAC decoded: 2 s plus its priming and padding (under three 1024-sample frames)
+    assert 2.0 <= report["duration_s"] - report["idle_s"] <= 2.0 + 3 * 1024 / RATE
+    video_s, audio_s, _ = _durations(tmp_path / "s.mp4")
+    assert abs(video_s - audio_s) <= 1 / 25

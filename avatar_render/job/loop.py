@@ -177,7 +177,7 @@ class ChunkLoop:
         tally.frames, tally.samples, tally.chunks = item.end, tally.samples + item.audio.shape[1], tally.chunks + 1
         progress = Progress(chunks_done=tally.chunks, frames_done=tally.frames, frames_total=self._total(tally),
                             elapsed_s=telemetry.elapsed() - self.t_ready, fps=float(self.cfg.fps),
-                            frames_resumed=tally.resumed)
+                            frames_resumed=tally.resumed, open_duration=self.session)
         if self.on_progress is not None:
             self.on_progress(progress)
         if self.live is not None:

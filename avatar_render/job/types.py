@@ -51,6 +51,7 @@ class Progress:
     elapsed_s: float  # since the inputs were ready
     fps: float  # output frame rate
     frames_resumed: int = 0  # of frames_done, those an earlier, interrupted run rendered
+    open_duration: bool = False  # a session: frames_total stays None until the stream ends (no ETA to show)
 
 
 @dataclass(frozen=True)
