@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import signal
 import struct
 import subprocess
@@ -255,5 +256,26 @@ def test_an_rtmp_sender_into_the_listener_is_a_real_time_session(tmp_path):
     assert report["open_duration"] is True and report["idle_s"] is not None
     # what came is the sender's AAC decoded: 2 s plus its priming and padding (under three 1024-sample frames)
     assert 2.0 <= report["duration_s"] - report["idle_s"] <= 2.0 + 3 * 1024 / RATE
+    video_s, audio_s, _ = _durations(tmp_path / "s.mp4")
+    assert abs(video_s - audio_s) <= 1 / 25
+
+
+@needs_ffmpeg
+def test_a_real_time_session_on_the_tiny_diffusion_config(tmp_path):
+    """The diffusion backend (tiny config) in a session fed by ffmpeg -re: it keeps its own chunk sizes, holds
+    every sample that came plus the silence it reports, and its video and audio end within a frame."""
+    pcm = _pcm(1.0)
+    wav = _wav(tmp_path / "talk.wav", pcm)
+    producer = subprocess.Popen([FFMPEG, "-v", "error", "-re", "-i", str(wav), "-c:a", "pcm_s16le",
+                                 "-flush_packets", "1", "-f", "wav", "-"], stdout=subprocess.PIPE)
+    session = subprocess.run(render_cmd("-c", str(Path(__file__).parents[1] / "configs" / "tiny.yaml"), "--audio", "-",
+                                        "-o", str(tmp_path / "s.mp4"), "--report", str(tmp_path / "s.json"), "-q",
+                                        "session.realtime=on"),
+                             stdin=producer.stdout, capture_output=True, env=env(), timeout=300)
+    producer.wait(timeout=60)
+    assert session.returncode == 0, session.stderr.decode()[-2000:]
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert abs(report["duration_s"] - (1.0 + report["idle_s"])) < 1e-3
+    assert report["frames"] == math.ceil(report["duration_s"] * 25 - 1e-9)
     video_s, audio_s, _ = _durations(tmp_path / "s.mp4")
     assert abs(video_s - audio_s) <= 1 / 25
