@@ -129,7 +129,8 @@ def render(
 ) -> None:
     """Render a talking-avatar MP4, written while it is generated, and publish it live with --live or
     --serve. Ctrl-C (or SIGTERM) stops after the next keyframe (every video.gop_seconds) and keeps what
-    was written for --resume, ending the live streams cleanly; a second Ctrl-C stops at once."""
+    was written for --resume, ending the live streams cleanly; a second Ctrl-C stops at once. In a
+    session (the audio a stream) Ctrl-C ends the stream and the file is finished with what came."""
     from avatar_render.distributed.launch import is_writer_process
 
     # under torchrun only process 0 reports progress (and publishes)
@@ -152,8 +153,9 @@ def render(
         request = RenderRequest(reference=ref, audio=source, output=output, config=cfg, force=force, report=report,
                                 resume=resume, config_file=config, live=options)
         on_message = lambda level, text: {"warning": out.warn, "notice": out.notice}.get(level, out.info)(text)  # noqa: E731
-        stopping = StopSignals(
-            on_first=lambda _: out.warn("stopping at the next keyframe; press Ctrl-C again to stop at once."))
+        first = ("ending the session: the file is finished with the audio that came"
+                 if is_stream(audio) else "stopping at the next keyframe")
+        stopping = StopSignals(on_first=lambda _: out.warn(f"{first}; press Ctrl-C again to stop at once."))
         try:
             with stopping, _progress(out) as on_progress:
                 result = render_video(request, on_progress=on_progress, on_message=on_message, should_stop=stopping)
