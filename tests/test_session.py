@@ -214,7 +214,7 @@ def test_ctrl_c_finishes_a_session_with_the_audio_that_came(tmp_path):
 
 
 @needs_ffmpeg
-def test_a_killed_session_leaves_a_playable_file(tmp_path):
+def test_a_killed_session_leaves_a_playable_file_that_only_force_replaces(tmp_path):
     session, partial = _session_on_a_pipe(tmp_path)
     session.kill()
     session.wait(timeout=60)
@@ -222,6 +222,11 @@ def test_a_killed_session_leaves_a_playable_file(tmp_path):
     assert video_s >= 1.0 and _playable_frames(partial) == round(video_s * 25)
     # (the AAC encoder holds its last frames until it is flushed: a kill loses up to two, 128 ms at 16 kHz)
     assert 0 <= video_s - audio_s <= 2 * 1024 / RATE + 1 / 25
+    again = _render("--audio", "-", "-o", str(tmp_path / "s.mp4"), "audio.raw=s16le:16000:1", stdin=b"\0" * 3200,
+                    check=False)
+    assert again.returncode == 1
+    assert "a session cannot continue it (its audio is a stream): pass --force" in again.stderr.decode()
+    assert partial.exists()
 
 
 def test_a_session_cannot_be_resumed_nor_pushed_to_without_serve(tmp_path, face_png):
@@ -279,3 +284,4 @@ def test_a_real_time_session_on_the_tiny_diffusion_config(tmp_path):
     assert report["frames"] == math.ceil(report["duration_s"] * 25 - 1e-9)
     video_s, audio_s, _ = _durations(tmp_path / "s.mp4")
     assert abs(video_s - audio_s) <= 1 / 25
+

@@ -30,7 +30,7 @@ from avatar_render.errors import AvatarRenderError
 STDIN = "-"
 PUSHED = "post:"  # the audio is pushed to the watch server (--serve): POST /audio, then POST /end
 NETWORK = ("rtmp://",)  # listeners PyAV opens itself
-_QUEUE_FRAMES = 512  # decoded frames held ahead of the chunk loop (a few seconds at any rate)
+_QUEUE_FRAMES = 512  # decoded frames held ahead of the chunk loop (tens of seconds: 1024 to 4096 samples each)
 _PAD_MIN_S = 0.02  # the smallest silence handed out at once in real time
 _POLL_S = 0.1  # how often a wait looks at the stop request
 _SILENCE = {"u8": (np.uint8, 128), "s16": (np.int16, 0), "s32": (np.int32, 0), "s64": (np.int64, 0),
@@ -83,7 +83,7 @@ def _raw_frames(file, raw: RawFormat, closed: threading.Event) -> Iterator[av.Au
     layout = {1: "mono", 2: "stereo"}.get(raw.channels, f"{raw.channels}c")
     pending = b""
     while not closed.is_set():
-        data = file.read(1 << 16)
+        data = file.read(4096 * step)
         if not data:
             return
         pending += data
@@ -110,7 +110,7 @@ class _FdReader:
 class Pieces:
     """A byte stream made of pieces pushed in from other threads (the HTTP endpoint), read like a pipe."""
 
-    def __init__(self, *, max_bytes: int = 4 << 20) -> None:
+    def __init__(self, *, max_bytes: int = 1 << 20) -> None:
         self._buffer = bytearray()
         self._ended = False
         self._cond = threading.Condition()

@@ -89,6 +89,10 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], audio: Path |
     journal = Journal.open(journal_path(output), create=False)
     try:
         check_partial(output, journal)
+        if journal is not None and is_stream(request.audio) and not request.force:
+            raise AvatarRenderError(
+                f"An interrupted render of {shown(output)} is beside it ({shown(partial_path(output))}); a session "
+                "cannot continue it (its audio is a stream): pass --force to start over, or move it away.")
         prior = prior_commit(journal, output=output, partial=partial_path(output), resume=request.resume,
                              force=request.force, fps=cfg.fps)
         with prepared(cfg, Path(request.reference), audio, mesh, clock=telemetry.stage) as job:
