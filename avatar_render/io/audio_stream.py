@@ -161,7 +161,6 @@ class StreamedAudio:
         self.realtime = realtime
         self.padded_samples = 0  # silence handed out in real time, at the stream's rate
         self.idle: list[tuple[float, float]] = []  # (start, seconds) of each stretch of that silence
-        self.received_samples = 0  # samples that came from the stream
         self._slack = slack_s
         self._raw = raw
         self._should_stop = should_stop
@@ -266,16 +265,19 @@ class StreamedAudio:
     def _next(self) -> Optional[av.AudioFrame | BaseException]:
         """The next frame, silence (real time, when the audio is late), an error, or None at the end."""
         while True:
-            if self._should_stop():
-                return None
+            if self._should_stop():  # the reader thread stops taking more; what it had is handed out
+                self._closed.set()
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    return None
+                return item if isinstance(item, av.AudioFrame) else None
             try:
                 item = self._queue.get(timeout=self._wait())
             except queue.Empty:
                 if self._late():
                     return self._silence()
                 continue
-            if isinstance(item, av.AudioFrame):
-                self.received_samples += item.samples
             return item
 
     def _wait(self) -> float:
