@@ -91,8 +91,8 @@ def render(
     ref: Annotated[Path, typer.Option("--ref", help="Reference image (PNG/JPEG/WebP) or video.")],
     audio: Annotated[str, typer.Option(
         "--audio", help="Audio of any length: wav, flac, mp3, m4a, ogg, opus or a video file; or a stream "
-                        "(a session): - (standard input), post: (pushed to --serve), rtmp://ADDR:PORT/app/key "
-                        "(listener).")],
+                        "(a session): - (standard input), post: (pushed to --serve), rtmp://ADDR:PORT/app/key or "
+                        "srt://ADDR:PORT?mode=listener (listeners).")],
     output: Annotated[Optional[Path], typer.Option(
         "-o", "--output", help="Output .mp4 file (the record; optional with --live or --serve).")] = None,
     overrides: OverridesArg = None,

@@ -58,7 +58,7 @@ def _sessions() -> Check:
     if missing:
         return Check("inputs", "sessions", False, f"this FFmpeg build cannot read {', '.join(missing)} streams")
     return Check("inputs", "sessions", True, "--audio - (WAV, fMP4, Ogg, MPEG-TS, raw PCM), post: with --serve, "
-                                             "rtmp:// listener")
+                                             "rtmp:// and srt:// listeners (srt: the ffmpeg command)")
 
 
 def _infinitetalk(cfg) -> list[Check]:

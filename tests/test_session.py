@@ -11,6 +11,7 @@ import http.client
 import json
 import math
 import signal
+import socket
 import struct
 import subprocess
 import time
@@ -260,6 +261,29 @@ def test_an_rtmp_sender_into_the_listener_is_a_real_time_session(tmp_path):
     report = json.loads((tmp_path / "s.json").read_text())
     assert report["open_duration"] is True and report["idle_s"] is not None
     # what came is the sender's AAC decoded: 2 s plus its priming and padding (under three 1024-sample frames)
+    assert 2.0 <= report["duration_s"] - report["idle_s"] <= 2.0 + 3 * 1024 / RATE
+    video_s, audio_s, _ = _durations(tmp_path / "s.mp4")
+    assert abs(video_s - audio_s) <= 1 / 25
+
+
+@needs_ffmpeg
+def test_an_srt_sender_into_the_listener_is_a_real_time_session(tmp_path):
+    """The same through an SRT listener (the ffmpeg command reads it): the idle face while nobody has connected
+    yet is in the report's silence, the sender's 2 s of speech after it."""
+    wav = _wav(tmp_path / "talk.wav", _pcm(2.0))
+    port = free_port(socket.SOCK_DGRAM)
+    session = subprocess.Popen(render_cmd("--audio", f"srt://127.0.0.1:{port}?mode=listener", "-o",
+                                          str(tmp_path / "s.mp4"), "--report", str(tmp_path / "s.json"), "-q"),
+                               stderr=subprocess.PIPE, env=env())
+    try:
+        wait_listening(port, udp=True, timeout=60)
+        subprocess.run([FFMPEG, "-v", "error", "-re", "-i", str(wav), "-c:a", "aac", "-f", "mpegts",
+                        f"srt://127.0.0.1:{port}?linger=10"], check=True, timeout=60)
+        assert session.wait(timeout=120) == 0, session.stderr.read().decode()[-2000:]
+    finally:
+        session.kill()
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert report["open_duration"] is True and report["idle"] and report["idle"][0][0] == 0.0
     assert 2.0 <= report["duration_s"] - report["idle_s"] <= 2.0 + 3 * 1024 / RATE
     video_s, audio_s, _ = _durations(tmp_path / "s.mp4")
     assert abs(video_s - audio_s) <= 1 / 25

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -29,7 +31,8 @@ from avatar_render.errors import AvatarRenderError
 
 STDIN = "-"
 PUSHED = "post:"  # the audio is pushed to the watch server (--serve): POST /audio, then POST /end
-NETWORK = ("rtmp://",)  # listeners PyAV opens itself
+NETWORK = ("rtmp://", "srt://")  # listeners: RTMP opened by PyAV, SRT by the ffmpeg command (PyAV's FFmpeg has no SRT)
+SRT_RAW = "s16le:48000:2"  # what the ffmpeg command hands on from an SRT listener
 _QUEUE_FRAMES = 512  # decoded frames held ahead of the chunk loop (tens of seconds: 1024 to 4096 samples each)
 _PAD_MIN_S = 0.02  # the smallest silence handed out at once in real time
 _POLL_S = 0.1  # how often a wait looks at the stop request
@@ -154,7 +157,8 @@ class StreamedAudio:
     turning true ends the stream as if its producer had closed it (what has come is kept)."""
 
     def __init__(self, source: int | Pieces | str, *, name: str, raw: Optional[RawFormat], realtime: bool,
-                 slack_s: float = 0.25, should_stop: Callable[[], bool] = lambda: False) -> None:
+                 slack_s: float = 0.25, should_stop: Callable[[], bool] = lambda: False,
+                 process: Optional[subprocess.Popen] = None) -> None:
         self.name = name
         self.codec = f"pcm_{raw.sample_format}" if raw else "?"
         self.estimated_seconds: Optional[float] = None
@@ -173,6 +177,7 @@ class StreamedAudio:
         self._t0: Optional[float] = None  # the session clock's time 0 (time.monotonic())
         self._position = 0.0  # seconds handed out so far
         self._last: Optional[av.AudioFrame] = None
+        self._process = process  # the command that feeds ``source`` (ended on close)
         self._thread = threading.Thread(target=self._read, name="audio-stream", daemon=True)
         self._thread.start()
 
@@ -319,3 +324,26 @@ class StreamedAudio:
         self._closed.set()
         if isinstance(self._file, Pieces):
             self._file.end()
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+
+def srt_listener(url: str) -> subprocess.Popen:
+    """The ffmpeg command listening on ``url`` (srt://ADDR:PORT?mode=listener), its audio as raw PCM
+    (``SRT_RAW``) on its standard output; it ends when the sender does."""
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg is None:
+        raise AvatarRenderError(
+            "Reading audio from srt:// needs the ffmpeg command (e.g. apt-get install ffmpeg), which is not on the "
+            "PATH.")
+    raw = RawFormat.parse(SRT_RAW)
+    return subprocess.Popen(
+        [ffmpeg, "-nostdin", "-v", "error", "-analyzeduration", "200000", "-probesize", "16384",  # (start at once)
+         "-i", url, "-vn", "-ac", str(raw.channels), "-ar", str(raw.rate), "-f", raw.sample_format,
+         "-flush_packets", "1", "-"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)

@@ -10,7 +10,17 @@ from typing import Callable, Optional
 
 from avatar_render.config import Config
 from avatar_render.errors import AvatarRenderError
-from avatar_render.io.audio_stream import PUSHED, STDIN, Pieces, RawFormat, StreamedAudio, is_stream, stream_name
+from avatar_render.io.audio_stream import (
+    PUSHED,
+    SRT_RAW,
+    STDIN,
+    Pieces,
+    RawFormat,
+    StreamedAudio,
+    is_stream,
+    srt_listener,
+    stream_name,
+)
 from avatar_render.job.types import RenderRequest
 
 
@@ -48,7 +58,12 @@ def open_stream(request: RenderRequest, *, pieces: Optional[Pieces],
     if audio == STDIN and sys.stdin.isatty():
         raise AvatarRenderError("--audio - reads the audio from standard input, which is a terminal here; pipe the "
                                 "audio in (for example: cat talk.wav | avatar-render render ... --audio -).")
-    source: int | Pieces | str = sys.stdin.fileno() if audio == STDIN else pieces if audio == PUSHED else audio
     raw = None if cfg.audio.raw is None else RawFormat.parse(cfg.audio.raw)
+    if audio.startswith("srt://"):
+        process = srt_listener(audio)
+        return StreamedAudio(process.stdout.fileno(), name=stream_name(audio), raw=RawFormat.parse(SRT_RAW),
+                             realtime=realtime(request), slack_s=cfg.session.slack_s, should_stop=should_stop,
+                             process=process)
+    source: int | Pieces | str = sys.stdin.fileno() if audio == STDIN else pieces if audio == PUSHED else audio
     return StreamedAudio(source, name=stream_name(audio), raw=raw, realtime=realtime(request),
                          slack_s=cfg.session.slack_s, should_stop=should_stop)
