@@ -240,6 +240,11 @@ def test_a_session_cannot_be_resumed_nor_pushed_to_without_serve(tmp_path, face_
     with pytest.raises(AvatarRenderError, match="is not a raw PCM format"):
         render(RenderRequest(reference=face_png, audio="-", output=tmp_path / "o.mp4", config=bad))
     assert not list(tmp_path.iterdir())
+    text = _render("--audio", "-", "-o", str(tmp_path / "o.mp4"), stdin=b"hello, not audio\n", check=False)
+    assert text.returncode == 1 and text.stderr.decode().strip() == (
+        "Error: The audio from standard input is not an audio stream that can be read; give WAV, fragmented MP4, "
+        "Ogg, MPEG-TS or raw PCM with audio.raw=FORMAT:RATE:CHANNELS.")
+    assert not list(tmp_path.iterdir())
 
 
 @needs_ffmpeg

@@ -184,21 +184,14 @@ class StreamedAudio:
     # -- the reader thread --------------------------------------------------------------------
 
     def _open(self) -> av.container.InputContainer:
-        options = {}
-        fmt = None
-        if self._raw is not None:
-            fmt = self._raw.sample_format
-            options = {"sample_rate": str(self._raw.rate), "ch_layout": f"{self._raw.channels}c"}
-        else:
-            options = {"ignore_length": "1"}  # a WAV header written by a pipe holds a wrong length
         if self._url is not None:
-            options = {**options, "listen": "1"}
-            return av.open(self._url, "r", format=fmt, options=options)
-        return av.open(self._file, "r", format=fmt, options=options, buffer_size=4096)
+            return av.open(self._url, "r", options={"listen": "1"})
+        # (a WAV header written by a pipe holds a wrong length: read to the end of the stream)
+        return av.open(self._file, "r", options={"ignore_length": "1"}, buffer_size=4096)
 
     def _read(self) -> None:
         try:
-            if self._raw is not None and self._file is not None:
+            if self._raw is not None and self._file is not None:  # (audio.raw: read without a demuxer)
                 for frame in _raw_frames(self._file, self._raw, self._closed):
                     if not self._put(frame):
                         return
@@ -206,9 +199,9 @@ class StreamedAudio:
                 return
             try:
                 container = self._open()
-            except (av.FFmpegError, OSError, ValueError) as error:
+            except (av.FFmpegError, OSError, ValueError):
                 raise AvatarRenderError(
-                    f"The audio from {self.name} is not an audio stream that can be read ({error}); give WAV, "
+                    f"The audio from {self.name} is not an audio stream that can be read; give WAV, "
                     "fragmented MP4, Ogg, MPEG-TS or raw PCM with audio.raw=FORMAT:RATE:CHANNELS.") from None
             with container:
                 streams = container.streams.audio
