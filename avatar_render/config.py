@@ -182,8 +182,9 @@ class SessionConfig:
     realtime: str = "auto"  # run on the clock, idle face while no audio comes: auto (on for post:, rtmp:// and
     #   srt://, off for standard input) | on | off
     slack_s: float = 0.25  # real time: how long past its time the audio may come before silence takes its place
-    chunk_frames: int = 12  # real time, preview backend: frames per N chunk (the diffusion backend keeps its own)
-    transition_frames: int = 4  # real time, preview backend: frames each I chunk regenerates
+    chunk_frames: int = 8  # real time, preview backend: frames per N chunk (the diffusion backend keeps its own)
+    transition_frames: int = 0  # real time, preview backend: frames each I chunk regenerates (a seam waits for
+    #   the next chunk: 0 keeps the latency down; docs/live.md)
 
 
 @dataclass(frozen=True)

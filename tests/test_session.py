@@ -27,7 +27,7 @@ from avatar_render.errors import AvatarRenderError
 from tests.live_util import FFMPEG, env, free_port, needs_ffmpeg, render_cmd, wait_listening
 
 RATE = 16000  # the sessions' raw PCM: s16le, 16 kHz, mono (an AAC rate: the output keeps it)
-REALTIME_CHUNKS = ("chunk.chunk_frames=12", "chunk.transition_frames=4")  # what a real-time session renders with
+REALTIME_CHUNKS = ("chunk.chunk_frames=8", "chunk.transition_frames=0")  # what a real-time session renders with
 
 
 def _pcm(seconds: float) -> np.ndarray:
