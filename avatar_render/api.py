@@ -20,6 +20,8 @@ from typing import Callable, Optional
 
 from avatar_render.distributed.launch import agree, broadcast, session
 from avatar_render.distributed.mesh import Launch
+from avatar_render.errors import AvatarRenderError
+from avatar_render.io.audio_stream import is_stream
 from avatar_render.job.output import forget_empty_render
 from avatar_render.job.plan import RenderPlan, plan_render
 from avatar_render.job.run import finished_render, run_job
@@ -46,6 +48,9 @@ def render(
     with session(launch, sp=cfg.dist.sp, device=cfg.model.device,
                  on_abort=bind(forget_empty_render, Path(request.output))
                  if writes and request.output is not None else None) as mesh:
+        if mesh.distributed and is_stream(request.audio):
+            raise AvatarRenderError("A session (its audio a stream) runs in one process: its stream cannot be read "
+                                    "by every process of a launch; run it without torchrun.")
         agree(mesh, "seed and config", {"seed": cfg.seed, "config": repr(cfg)})
         say = on_message or (lambda level, text: None)
         # A render found finished (killed while being moved into place) needs no chunk loop: every process hears so.

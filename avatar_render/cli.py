@@ -112,8 +112,10 @@ def _guard(out: Out, debug: bool, fn: Callable[[], None]) -> None:
 @app.command()
 def render(
     ref: Annotated[Path, typer.Option("--ref", help="Reference image (PNG/JPEG/WebP) or video.")],
-    audio: Annotated[Path, typer.Option(
-        "--audio", help="Audio of any length: wav, flac, mp3, m4a, ogg, opus or a video file.")],
+    audio: Annotated[str, typer.Option(
+        "--audio", help="Audio of any length: wav, flac, mp3, m4a, ogg, opus or a video file; or a stream "
+                        "(a session): - (standard input), post: (pushed to --serve), rtmp://ADDR:PORT/app/key or "
+                        "srt://ADDR:PORT?mode=listener (listeners).")],
     output: Annotated[Optional[Path], typer.Option(
         "-o", "--output", help="Output .mp4 file (the record; optional with --live or --serve).")] = None,
     overrides: OverridesArg = None,
@@ -157,7 +159,8 @@ def render(
 ) -> None:
     """Render a talking-avatar MP4, written while it is generated, and publish it live with --live or
     --serve. Ctrl-C (or SIGTERM) stops after the next keyframe (every video.gop_seconds) and keeps what
-    was written for --resume, ending the live streams cleanly; a second Ctrl-C stops at once."""
+    was written for --resume, ending the live streams cleanly; a second Ctrl-C stops at once. In a
+    session (the audio a stream) Ctrl-C ends the stream and the file is finished with what came."""
     from avatar_render.distributed.launch import is_writer_process
 
     # under torchrun only process 0 reports progress (and publishes)
@@ -176,13 +179,16 @@ def render(
             raise AvatarRenderError("Give an output file (-o), a live target (--live) or --serve.")
         options = LiveOptions(targets=tuple(live or ()), serve=serve, underrun=underrun, preroll_s=preroll,
                               buffer_s=live_buffer, retry_s=live_retry, gop_seconds=live_gop, linger_s=serve_linger)
-        request = RenderRequest(reference=ref, audio=audio, output=output, config=cfg, force=force, report=report,
+        from avatar_render.io.audio_stream import is_stream
+
+        source = audio if is_stream(audio) else Path(audio)
+        request = RenderRequest(reference=ref, audio=source, output=output, config=cfg, force=force, report=report,
                                 resume=resume, config_file=config, live=options)
         if dry_run:
             _show_plan(out, request, json_lines=shown == "json")
             return
         on_message = lambda level, text: {"warning": out.warn, "notice": out.notice}.get(level, out.info)(text)  # noqa: E731
-        stopping = StopSignals(on_first=lambda signum: out.warn(stopping_notice(signum)))
+        stopping = StopSignals(on_first=lambda signum: out.warn(stopping_notice(signum, session=is_stream(audio))))
         try:
             with stopping, _progress(out, shown, progress_every) as on_progress:
                 result = render_video(request, on_progress=on_progress, on_message=on_message, should_stop=stopping)

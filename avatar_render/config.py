@@ -173,6 +173,23 @@ class DistConfig:
 
 
 @dataclass(frozen=True)
+class AudioConfig:
+    raw: Optional[str] = None  # a stream input (--audio -, post:) of raw PCM: FORMAT:RATE:CHANNELS, e.g. s16le:16000:1
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """An input whose audio arrives as a stream (README, "Sessions")."""
+
+    realtime: str = "auto"  # run on the clock, idle face while no audio comes: auto (on for post:, rtmp:// and
+    #   srt://, off for standard input) | on | off
+    slack_s: float = 0.25  # real time: how long past its time the audio may come before silence takes its place
+    chunk_frames: int = 8  # real time, preview backend: frames per N chunk (the diffusion backend keeps its own)
+    transition_frames: int = 0  # real time, preview backend: frames each I chunk regenerates (a seam waits for
+    #   the next chunk: 0 keeps the latency down; docs/live.md)
+
+
+@dataclass(frozen=True)
 class Config:
     backend: str = "preview"
     seed: int = 0
@@ -184,6 +201,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
 
     @property
     def gen_size(self) -> tuple[int, int]:
@@ -371,6 +390,13 @@ def validate(cfg: Config) -> None:
         (cfg.reference.timing in TIMINGS, "reference.timing", f"must be one of {', '.join(TIMINGS)}"),
         (0 <= cfg.reference.cache_mb <= 65536, "reference.cache_mb", "must be between 0 and 65536"),
         (cfg.run.queue_chunks >= 1, "run.queue_chunks", "must be at least 1"),
+        # (YAML reads on and off as true and false)
+        (cfg.session.realtime.lower() in ("auto", "on", "off", "true", "false"), "session.realtime",
+         "must be auto, on or off"),
+        (0.02 <= cfg.session.slack_s <= 60, "session.slack_s", "must be between 0.02 and 60"),
+        (cfg.session.chunk_frames >= 1, "session.chunk_frames", "must be at least 1"),
+        (cfg.session.transition_frames == 0 or cfg.session.transition_frames + 2 <= cfg.session.chunk_frames,
+         "session.transition_frames", "plus 2 must not exceed session.chunk_frames (0: no I chunks)"),
         (cfg.run.no_face in ("warn", "error"), "run.no_face", "must be warn or error"),
         (cfg.model.size in MODEL_SIZES, "model.size", f"must be one of {', '.join(MODEL_SIZES)}"),
         (cfg.model.dtype in DTYPES, "model.dtype", f"must be one of {', '.join(DTYPES)}"),

@@ -45,7 +45,20 @@ def diagnose(cfg=None) -> list[Check]:
     checks += _preview_models(cfg)
     checks.append(Check("backends", "preview", preview_ok, why))
     checks += _infinitetalk(cfg)
+    checks.append(_sessions())
     return checks
+
+
+def _sessions() -> Check:
+    """What a session (--audio -, post:, rtmp://) can read: the demuxers of the streams it takes."""
+    import av
+
+    wanted = ("wav", "mov", "ogg", "mpegts", "flv")  # WAV, fragmented MP4, Ogg/Opus, MPEG-TS, FLV (RTMP)
+    missing = [name for name in wanted if name not in av.formats_available]
+    if missing:
+        return Check("inputs", "sessions", False, f"this FFmpeg build cannot read {', '.join(missing)} streams")
+    return Check("inputs", "sessions", True, "--audio - (WAV, fMP4, Ogg, MPEG-TS, raw PCM), post: with --serve, "
+                                             "rtmp:// and srt:// listeners (srt: the ffmpeg command)")
 
 
 def _infinitetalk(cfg) -> list[Check]:

@@ -20,6 +20,7 @@ import numpy as np
 from avatar_render.errors import AvatarRenderError, InputError
 from avatar_render.files.names import shown
 from avatar_render.files.read import regular_file
+from avatar_render.io.audio_stream import StreamedAudio
 
 AAC_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000)
 _FALLBACK_RATE = 48000
@@ -112,26 +113,28 @@ class AudioReader:
     """
 
     def __init__(
-        self, path: str | Path, *, fps: Fraction, model_rate: int = 16000, lookahead_s: float = 0.5
+        self, path: str | Path | StreamedAudio, *, fps: Fraction, model_rate: int = 16000, lookahead_s: float = 0.5
     ) -> None:
-        path = Path(path)
+        stream = path if isinstance(path, StreamedAudio) else None
+        path = Path(stream.name if stream else path)
         if fps <= 0 or model_rate <= 0 or lookahead_s < 0:
             raise ValueError("fps and model_rate must be positive and lookahead_s not negative")
         self.fps = Fraction(fps)
         self.model_rate = model_rate
         self._lookahead = Fraction(lookahead_s)
         self.total_frames: int | None = None
-        self._container = _open(path)
+        self._streamed = stream
+        self._container = stream if stream is not None else _open(path)
         try:
-            first = self._first_frame(path)
+            first = self._first_frame(path) if stream is None else self._first_streamed(stream)
             rate, channels = first.sample_rate, first.layout.nb_channels
             out_rate, out_channels = output_format(rate, channels)
             self.info = AudioInfo(
                 path=path,
-                codec=self._stream.codec_context.codec.canonical_name,
+                codec=stream.codec if stream else self._stream.codec_context.codec.canonical_name,
                 sample_rate=rate,
                 channels=channels,
-                estimated_seconds=_estimated_seconds(self._container, self._stream),
+                estimated_seconds=None if stream else _estimated_seconds(self._container, self._stream),
                 output_rate=out_rate,
                 output_channels=out_channels,
             )
@@ -164,6 +167,18 @@ class AudioReader:
         if first is None:
             raise AvatarRenderError(f"The audio {shown(path)} holds no audio samples.")
         return first
+
+    def _first_streamed(self, stream: StreamedAudio) -> av.AudioFrame:
+        self._frames = stream.frames()
+        first = next(self._frames, None)
+        if first is None:
+            raise AvatarRenderError(f"The audio stream on {stream.name} ended before any audio came.")
+        return first
+
+    @property
+    def stream(self) -> StreamedAudio | None:
+        """The stream this reader reads (None for a file)."""
+        return self._streamed
 
     # -- public API ---------------------------------------------------------------------------
 

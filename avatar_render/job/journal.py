@@ -109,14 +109,15 @@ def _seconds(gop: float) -> str:
     return "chunk" if gop < 1e-3 else f"{gop:g} s"
 
 
-def identity(config: dict[str, Any], reference: Path, audio: Path) -> dict[str, Any]:
-    """What a render started from; resuming needs the same."""
+def identity(config: dict[str, Any], reference: Path, audio: Path | str) -> dict[str, Any]:
+    """What a render started from; resuming needs the same. A stream (a session) is named, with its
+    duration open: a session is never resumed."""
     try:
         version = metadata.version("avatar-render")
     except metadata.PackageNotFoundError:
         version = "unknown"
     return {"version": version, "config": config, "reference": fingerprint(Path(reference)),
-            "audio": fingerprint(Path(audio))}
+            "audio": {"stream": str(audio), "open_duration": True} if isinstance(audio, str) else fingerprint(audio)}
 
 
 def snapshot(checkpoint: Checkpoint) -> Flat:

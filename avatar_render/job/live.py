@@ -18,7 +18,7 @@ from avatar_render.files.write import new_temp_folder, remove_tree
 from avatar_render.io.live.hls import HlsSink, claimed_names, remove_playlist, written_names
 from avatar_render.io.live.pipe import PipeSink
 from avatar_render.io.live.push import POLICIES, Pacing, PushSink
-from avatar_render.io.live.server import WatchServer
+from avatar_render.io.live.server import AudioIntake, WatchServer
 from avatar_render.io.live.targets import LiveTarget, parse_serve, parse_target
 from avatar_render.io.live.webrtc import WebRtcHub
 from avatar_render.io.sink import Sink
@@ -34,7 +34,7 @@ class Live:
     folders, an existing playlist, the server's address) and starts the watch server, so that its
     URL is printed before the models load."""
 
-    def __init__(self, request: RenderRequest, *, on_message: OnMessage) -> None:
+    def __init__(self, request: RenderRequest, *, on_message: OnMessage, pieces: Optional[AudioIntake] = None) -> None:
         opts, cfg = request.live, request.config
         self.options, self.cfg, self.say = opts, cfg, on_message
         self.targets = [parse_target(t) for t in opts.targets]
@@ -79,6 +79,10 @@ class Live:
                 self.close()
                 raise
             on_message("notice", f"Watch the render at {self.server.url}")
+            if pieces is not None:
+                self.server.audio_in = pieces
+                on_message("notice", f"Push the audio to {self.server.url}audio (POST, in pieces); POST "
+                                     f"{self.server.url}end ends the session")
 
     @property
     def shown(self) -> str:

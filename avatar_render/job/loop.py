@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from avatar_render.errors import AvatarRenderError, InputError
 from avatar_render.files.names import shown
 from avatar_render.files.write import remove
+from avatar_render.io.audio_stream import is_stream
 from avatar_render.io.writer import (
     Mp4Writer,
     WriterPosition,
@@ -81,6 +82,7 @@ class ChunkLoop:
         self.on_progress, self.should_stop = on_progress, should_stop
         self.live = live
         self.output = None if request.output is None else Path(request.output)
+        self.session = is_stream(request.audio)  # a stop request ends the stream (the audio's reader sees it)
         self.partial = None if self.output is None else partial_path(self.output)
         assert (journal is None) == (self.output is None), "a journal exactly when there is an output"
         self.t_ready = 0.0
@@ -156,7 +158,8 @@ class ChunkLoop:
                     writer.mark(bind(self._commit, snapshot(item), hashed, plans_done=item.plans_done,
                                      frames=tally.frames, audio_samples=tally.samples))
             hashed = []
-            if self.should_stop() and not item.last_plan.last:  # (after the last plan, finishing is cheaper)
+            if self.should_stop() and not item.last_plan.last and not self.session:  # (after the last plan,
+                #   finishing is cheaper)
                 writer.close(faststart=False)
                 raise self._stopped(at_once=False)
         return hashed
@@ -174,7 +177,7 @@ class ChunkLoop:
         tally.frames, tally.samples, tally.chunks = item.end, tally.samples + item.audio.shape[1], tally.chunks + 1
         progress = Progress(chunks_done=tally.chunks, frames_done=tally.frames, frames_total=self._total(tally),
                             elapsed_s=telemetry.elapsed() - self.t_ready, fps=float(self.cfg.fps),
-                            frames_resumed=tally.resumed)
+                            frames_resumed=tally.resumed, open_duration=self.session)
         if self.on_progress is not None:
             self.on_progress(progress)
         if self.live is not None:
@@ -252,6 +255,15 @@ class ChunkLoop:
         return RenderStopped(output=self.output, partial=self.partial, frames=frames,
                              seconds=float(frames / self.cfg.fps), at_once=at_once)
 
+    def _idle(self) -> dict:
+        """The silence a real-time session put in while no audio came (nothing for other renders)."""
+        reader = getattr(self.job.audio, "reader", self.job.audio)  # (a TrimmedAudio wraps the reader)
+        stream = reader.stream
+        if stream is None or not stream.realtime:
+            return {}
+        return {"idle_s": round(stream.padded_samples / reader.info.sample_rate, 6),
+                "idle": [[round(start, 6), round(length, 6)] for start, length in stream.idle]}
+
     def _report(self, stats: WriterStats, tally: _Tally) -> RenderReport:
         cfg, telemetry = self.cfg, self.telemetry
         wall = telemetry.elapsed()
@@ -270,7 +282,7 @@ class ChunkLoop:
             realtime_factor=round((duration - tally.resumed / float(cfg.fps)) / wall, 3),
             peak_rss_mb=round(peak_rss_mb(), 1), stage_s={k: round(v, 4) for k, v in telemetry.stage_seconds.items()},
             resumed_frames=tally.resumed, peak_gpu_mb=None if (gpu := peak_gpu_mb()) is None else round(gpu, 1),
-            live=live,
+            live=live, open_duration=self.session, **self._idle(),
         )
         if self.request.report is not None:
             summary = {**dataclasses.asdict(report), "config": OmegaConf.to_container(OmegaConf.structured(cfg))}

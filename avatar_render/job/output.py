@@ -16,6 +16,7 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import same_file, shown
 from avatar_render.files.targets import Inputs, check_target
 from avatar_render.files.write import place, remove, remove_tree
+from avatar_render.io.audio_stream import is_stream
 from avatar_render.job.journal import Journal, check_ours, journal_path
 from avatar_render.telemetry import REPORT
 
@@ -54,7 +55,8 @@ def check_report(report: Optional[Path], *, force: bool, inputs: Inputs) -> None
 
 def request_inputs(request) -> Inputs:
     """What a render reads (``request``: a RenderRequest): none of its outputs may be one of them."""
-    return Inputs({"reference file": Path(request.reference), "audio file": Path(request.audio),
+    audio = None if is_stream(request.audio) else Path(request.audio)
+    return Inputs({"reference file": Path(request.reference), "audio file": audio,
                    "config file": None if request.config_file is None else Path(request.config_file)})
 
 

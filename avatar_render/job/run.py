@@ -12,6 +12,7 @@ from avatar_render.distributed.mesh import Mesh
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import shown
 from avatar_render.files.write import remove
+from avatar_render.io.audio_stream import PUSHED, Pieces, StreamedAudio, is_stream
 from avatar_render.job.journal import (
     ChunkRecord,
     Commit,
@@ -31,6 +32,7 @@ from avatar_render.job.output import (
     request_inputs,
 )
 from avatar_render.job.resume import prior_commit
+from avatar_render.job.session import open_stream, session_request
 from avatar_render.job.setup import prepared
 from avatar_render.job.stop import RenderStopped, StopNow
 from avatar_render.job.types import OnMessage, Progress, RenderReport, RenderRequest
@@ -44,29 +46,39 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry,
             on_message: OnMessage, should_stop: Callable[[], bool]) -> RenderReport:
     """Everything is checked that can be before the models load; the journal then says whether this
     render starts afresh or goes on from an interrupted one (the resume point is handed to the other
-    processes of a launch). Live sinks are checked (and the watch server started) first of all."""
-    live = Live(request, on_message=on_message) if request.live.active else None
+    processes of a launch). Live sinks are checked (and the watch server started) first of all.
+    A session (the audio is a stream) is read from once the watch server is up; a stop request ends
+    its stream, and the render finishes with what came."""
+    request = session_request(request)
+    pieces = Pieces() if str(request.audio) == PUSHED else None
+    live = Live(request, on_message=on_message, pieces=pieces) if request.live.active else None
+    stream = None
     try:
-        report = _run(request, mesh, live, telemetry=telemetry, on_progress=on_progress, on_message=on_message,
-                      should_stop=should_stop)
+        if is_stream(request.audio):
+            stream = open_stream(request, pieces=pieces, should_stop=should_stop)
+        report = _run(request, mesh, live, stream or Path(request.audio), telemetry=telemetry,
+                      on_progress=on_progress, on_message=on_message, should_stop=should_stop)
     except BaseException as exc:
         if live is not None:
             live.ended("stopped" if isinstance(exc, (RenderStopped, StopNow)) else "failed", should_stop=should_stop)
             live.close()
         raise
+    finally:
+        if stream is not None:
+            stream.close()
     if live is not None:
         live.ended("finished", should_stop=should_stop)
         live.close()
     return report
 
 
-def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry: Telemetry,
-         on_progress: Optional[Callable[[Progress], None]], on_message: OnMessage,
+def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], audio: Path | StreamedAudio, *,
+         telemetry: Telemetry, on_progress: Optional[Callable[[Progress], None]], on_message: OnMessage,
          should_stop: Callable[[], bool]) -> RenderReport:
     cfg = request.config
     if request.output is None:
-        return _run_live_only(request, mesh, live, telemetry=telemetry, on_progress=on_progress, on_message=on_message,
-                              should_stop=should_stop)
+        return _run_live_only(request, mesh, live, audio, telemetry=telemetry, on_progress=on_progress,
+                              on_message=on_message, should_stop=should_stop)
     output = Path(request.output)
     check_finished(output, resume=request.resume, force=request.force)
     check_output(output, force=request.force)
@@ -79,9 +91,13 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry:
     journal = Journal.open(journal_path(output), create=False)
     try:
         check_partial(output, journal)
+        if journal is not None and is_stream(request.audio) and not request.force:
+            raise AvatarRenderError(
+                f"An interrupted render of {shown(output)} is beside it ({shown(partial_path(output))}); a session "
+                "cannot continue it (its audio is a stream): pass --force to start over, or move it away.")
         prior = prior_commit(journal, output=output, partial=partial_path(output), resume=request.resume,
                              force=request.force, fps=cfg.fps)
-        with prepared(cfg, Path(request.reference), Path(request.audio), mesh, clock=telemetry.stage) as job:
+        with prepared(cfg, Path(request.reference), audio, mesh, clock=telemetry.stage) as job:
             for note in job.notes:
                 on_message("warning", note)
             _check_face(job.static, request, on_message)
@@ -95,7 +111,8 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry:
             journal.close()
 
 
-def _run_live_only(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, telemetry: Telemetry,
+def _run_live_only(request: RenderRequest, mesh: Mesh, live: Optional[Live], audio: Path | StreamedAudio, *,
+                   telemetry: Telemetry,
                    on_progress: Optional[Callable[[Progress], None]], on_message: OnMessage,
                    should_stop: Callable[[], bool]) -> RenderReport:
     """No output file: no journal, nothing to resume; the live sinks are the only outputs."""
@@ -106,7 +123,7 @@ def _run_live_only(request: RenderRequest, mesh: Mesh, live: Optional[Live], *, 
     if request.report is not None:
         check_report(Path(request.report), force=request.force,
                      inputs=request_inputs(request).plus_outputs(_playlists(live)))
-    with prepared(request.config, Path(request.reference), Path(request.audio), mesh, clock=telemetry.stage) as job:
+    with prepared(request.config, Path(request.reference), audio, mesh, clock=telemetry.stage) as job:
         for note in job.notes:
             on_message("warning", note)
         _check_face(job.static, request, on_message)
@@ -155,7 +172,8 @@ def render_identity(request: RenderRequest, live: Optional[Live]) -> dict:
     """What a render starts from, as its journal records it: the config, the inputs and the keyframe interval
     the live options give the file (a resume under other live options would change it mid-file)."""
     cfg = request.config
-    ident = identity(OmegaConf.to_container(OmegaConf.structured(cfg)), Path(request.reference), Path(request.audio))
+    audio = str(request.audio) if is_stream(request.audio) else Path(request.audio)
+    ident = identity(OmegaConf.to_container(OmegaConf.structured(cfg)), Path(request.reference), audio)
     return {**ident, "gop_seconds": cfg.video.gop_seconds if live is None else live.gop_seconds(cfg)}
 
 

@@ -15,6 +15,7 @@ from avatar_render.distributed.launch import broadcast
 from avatar_render.distributed.mesh import Mesh
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
+from avatar_render.io.audio_stream import StreamedAudio
 from avatar_render.io.reference import open_reference
 from avatar_render.io.trimmed_audio import TrimmedAudio
 from avatar_render.io.video_source import VideoReference
@@ -59,14 +60,16 @@ class Prepared:
 
 
 @contextmanager
-def prepared(cfg: Config, reference: Path, audio: Path, mesh: Mesh, *,
+def prepared(cfg: Config, reference: Path, audio: Path | StreamedAudio, mesh: Mesh, *,
              clock: Clock = lambda name: nullcontext()) -> Iterator[Prepared]:
     """Build the pipeline, open the inputs and compute the static conditioning; the audio stays open
-    inside the block. ``clock(name)`` times the parts ("inputs", "load", "init")."""
+    inside the block. ``clock(name)`` times the parts ("inputs", "load", "init"). A stream in real time
+    is read without look-ahead past what the chunk loop asks for (it would wait for it)."""
     pipeline = build_pipeline(cfg, mesh)
     with clock("inputs"):
         image, video = open_reference(reference, fps=cfg.fps, timing=cfg.reference.timing)
-        reader = AudioReader(audio, fps=cfg.fps, model_rate=pipeline.audio_rate)
+        live = isinstance(audio, StreamedAudio) and audio.realtime
+        reader = AudioReader(audio, fps=cfg.fps, model_rate=pipeline.audio_rate, lookahead_s=0.0 if live else 0.5)
     limit = None if video is None else video.timeline.frame_limit
     with reader:
         static = pipeline.prepare(request_input(cfg, image, reference, video), clock=clock)  # times "load" and "init"

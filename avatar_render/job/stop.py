@@ -44,11 +44,13 @@ class RenderStopped(Exception):
                 f"({self.seconds:.1f} s); run the same command with --resume to continue.")
 
 
-def stopping_notice(signum: int) -> str:
+def stopping_notice(signum: int, *, session: bool = False) -> str:
     """What a render says on its first stop signal: how it stops, and how to stop it at once."""
+    how = "ending the session: the file is finished with the audio that came" if session else \
+        "stopping at the next keyframe"
     if signum == signal.SIGTERM:
-        return "SIGTERM received: stopping at the next keyframe; a second SIGTERM (or Ctrl-C) stops at once."
-    return "stopping at the next keyframe; press Ctrl-C again to stop at once."
+        return f"SIGTERM received: {how}; a second SIGTERM (or Ctrl-C) stops at once."
+    return f"{how}; press Ctrl-C again to stop at once."
 
 
 class StopSignals:

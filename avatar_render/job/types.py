@@ -33,7 +33,7 @@ class LiveOptions:
 @dataclass(frozen=True)
 class RenderRequest:
     reference: Path
-    audio: Path
+    audio: Path | str  # a file, or a stream: "-" (standard input), "post:" (pushed to --serve), rtmp://... (listener)
     output: Optional[Path]  # the MP4 (the record); None: live only (needs live targets, no --resume)
     config: Config = field(default_factory=Config)
     force: bool = False  # replace an existing output file; discard an interrupted render's partial output
@@ -51,6 +51,7 @@ class Progress:
     elapsed_s: float  # since the inputs were ready
     fps: float  # output frame rate
     frames_resumed: int = 0  # of frames_done, those an earlier, interrupted run rendered
+    open_duration: bool = False  # a session: frames_total stays None until the stream ends (no ETA to show)
 
 
 @dataclass(frozen=True)
@@ -75,3 +76,6 @@ class RenderReport:
     processes: int = 1  # of the launch that made it (torchrun)
     peak_gpu_mb: Optional[float] = None  # GPU memory allocated at the peak (this process), None without a GPU
     live: Optional[dict] = None  # per live target: first frame out (s from the inputs being ready), stalls, drops, CPU
+    open_duration: bool = False  # a session: the audio was a stream whose length was not known at the start
+    idle_s: Optional[float] = None  # a real-time session: silence put in while no audio came (in the output's audio)
+    idle: Optional[list] = None  # a real-time session: [start s, length s] of each stretch of that silence

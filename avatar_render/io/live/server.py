@@ -14,7 +14,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Collection, Optional
+from typing import Callable, Collection, Iterator, Optional, Protocol
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.live.webrtc import Refused, WebRtcHub
@@ -28,12 +28,46 @@ def _static(name: str) -> bytes:
     return resources.files("avatar_render.io.live").joinpath("static", name).read_bytes()
 
 
+class AudioIntake(Protocol):
+    def push(self, data: bytes) -> None: ...  # raises EOFError once the audio has ended
+    def end(self) -> None: ...
+
+
+def _body(handler: BaseHTTPRequestHandler, piece: int = 1 << 14) -> Iterator[bytes]:
+    """A request's body in pieces as they arrive: chunked transfer encoding, or Content-Length bytes."""
+    rfile = handler.rfile
+    if "chunked" in handler.headers.get("Transfer-Encoding", "").lower():
+        while True:
+            size = int(rfile.readline(64).split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                while rfile.readline(1024).strip():  # trailers, up to the empty line
+                    pass
+                return
+            while size > 0:
+                data = rfile.read1(min(size, piece))
+                if not data:
+                    raise ValueError("the body ended early")
+                size -= len(data)
+                yield data
+            rfile.readline(8)  # the CRLF after the chunk
+    left = int(handler.headers.get("Content-Length") or 0)
+    while left > 0:
+        data = rfile.read1(min(left, piece))
+        if not data:
+            raise ValueError("the body ended early")
+        left -= len(data)
+        yield data
+
+
 class WatchServer:
     """Serves ``folder``'s playlist ``playlist`` and its segments under /live/, the page at /, the
     progress at /status.json. Only the names ``served()`` gives at the time of the request are handed
     out (the files the render wrote and listed): anything else in the folder is not found.
     ``last_request`` (time.monotonic()) tells whether anyone is watching. With ``webrtc``, an SDP offer
-    POSTed to /whep is answered by it (WHEP), and /whep/SESSION is hung up by a DELETE."""
+    POSTed to /whep is answered by it (WHEP), and /whep/SESSION is hung up by a DELETE.
+
+    With ``audio_in`` (a session's ``Pieces``), ``POST /audio`` adds its body (with a length or chunked)
+    to the session's audio as it comes, and ``POST /end`` ends it."""
 
     def __init__(self, host: str, port: int, folder: Path, playlist: str, *,
                  served: Callable[[], Collection[str]], webrtc: Optional[WebRtcHub] = None) -> None:
@@ -43,6 +77,7 @@ class WatchServer:
                              "generated_fps": 0.0, "realtime_factor": 0.0, "eta_s": None}
         self.last_request: Optional[float] = None
         self.first_segment_request: Optional[float] = None  # time.monotonic() of the first segment served
+        self.audio_in: Optional[AudioIntake] = None
         page = _static("watch.html").replace(b"PLAYLIST", playlist.encode())
         files = {"/": (page, "text/html; charset=utf-8"),
                  "/hls.light.min.js": (_static("hls.light.min.js"), "text/javascript")}
@@ -74,10 +109,41 @@ class WatchServer:
                 else:
                     self.send_error(HTTPStatus.NOT_FOUND)
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:  # noqa: N802 - the standard library's name
                 server.last_request = time.monotonic()
-                if self.path != "/whep" or server.webrtc is None:
-                    self.send_error(HTTPStatus.NOT_FOUND if server.webrtc is not None else HTTPStatus.NOT_IMPLEMENTED)
+                path = self.path.split("?", 1)[0]
+                if path in ("/audio", "/end"):
+                    self._audio(path)
+                elif path == "/whep":
+                    self._offer()
+                else:
+                    self.send_error(HTTPStatus.NOT_FOUND)
+
+            def _audio(self, path: str) -> None:
+                intake = server.audio_in
+                if intake is None:
+                    self.send_error(HTTPStatus.NOT_FOUND)
+                    return
+                try:
+                    if path == "/end":
+                        for _ in _body(self):  # (a body is read and dropped)
+                            pass
+                        intake.end()
+                    else:
+                        for piece in _body(self):
+                            intake.push(piece)
+                except EOFError:
+                    self.send_error(HTTPStatus.CONFLICT, "the session's audio has ended")
+                    return
+                except (ValueError, OSError):
+                    self.send_error(HTTPStatus.BAD_REQUEST, "the body could not be read")
+                    return
+                self.send_response(HTTPStatus.NO_CONTENT)
+                self.end_headers()
+
+            def _offer(self) -> None:
+                if server.webrtc is None:
+                    self.send_error(HTTPStatus.NOT_IMPLEMENTED)
                     return
                 size = self.headers.get("Content-Length", "")
                 size = int(size) if size.isdigit() else 0

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""A real-time session's latency: from an audio sample's arrival to its frame leaving the live sink.
+
+Starts ``avatar-render render --audio post: --serve PORT --live -`` (preview backend, 512x512), pushes
+speech (examples/talk.wav as 16 kHz raw PCM, repeated) to ``POST /audio`` at real-time pace in 40 ms
+pieces, with a pause of ``--gap`` seconds every ``--every`` seconds (an agent that speaks, then
+listens), and reads the fragmented MP4 on the render's standard output as it arrives, noting when each
+fragment came and how many video frames it ends with. After ``POST /end`` the report's idle stretches
+place every pushed piece on the session's timeline, hence on a video frame; its latency is the arrival
+of the fragment holding that frame minus the time the piece was pushed. Also samples the render's
+resident memory every second.
+
+Prints the latency distribution (p50, p95, max), the silence the session put in, and the mean
+resident memory in the first and the last minute.
+
+    python scripts/session_latency.py --seconds 600     # the 10-minute run
+    python scripts/session_latency.py --seconds 30      # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RATE, FPS, PIECE_S = 16000, 25, 0.04
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def speech(seconds: float) -> np.ndarray:
+    out = subprocess.run(["ffmpeg", "-v", "error", "-stream_loop", "-1", "-i", str(ROOT / "examples" / "talk.wav"),
+                          "-t", str(seconds), "-ar", str(RATE), "-ac", "1", "-f", "s16le", "-"],
+                         capture_output=True, check=True).stdout
+    return np.frombuffer(out, np.int16)
+
+
+class Fragments(threading.Thread):
+    """Reads fMP4 from ``stream``: ``arrivals`` holds (time.monotonic(), video frames so far) per fragment."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.arrivals, self.frames = stream, [], 0
+        self.start()
+
+    def run(self) -> None:
+        while True:
+            head = self.stream.read(8)
+            if len(head) < 8:
+                return
+            size, kind = struct.unpack(">I4s", head)
+            body = self.stream.read(size - 8)
+            if kind == b"moof":
+                self.frames += _video_samples(body)
+            elif kind == b"mdat":
+                self.arrivals.append((time.monotonic(), self.frames))
+
+
+def _boxes(data: bytes):
+    at = 0
+    while at + 8 <= len(data):
+        size, kind = struct.unpack(">I4s", data[at:at + 8])
+        yield kind, data[at + 8:at + size]
+        at += size
+
+
+def _video_samples(moof: bytes) -> int:
+    count = 0
+    for kind, traf in _boxes(moof):
+        if kind != b"traf":
+            continue
+        boxes = dict(_boxes(traf))
+        track = struct.unpack(">I", boxes[b"tfhd"][4:8])[0]
+        if track == 1:  # the video track (io/fmp4.py)
+            count += struct.unpack(">I", boxes[b"trun"][4:8])[0]
+    return count
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="audio pushed in all")
+    parser.add_argument("--every", type=float, default=8.0, help="speak this long, then pause")
+    parser.add_argument("--gap", type=float, default=3.0, help="the pause, in seconds")
+    parser.add_argument("overrides", nargs="*", help="config keys for the render (key=value)")
+    args = parser.parse_args()
+    pcm = speech(args.seconds)
+    port = free_port()
+    with tempfile.TemporaryDirectory() as folder:
+        report_path = Path(folder) / "report.json"
+        cmd = [sys.executable, "-m", "avatar_render", "render", "--ref", str(ROOT / "examples" / "face.png"),
+               "--audio", "post:", "--serve", f"127.0.0.1:{port}", "--serve-linger", "0", "--live", "-",
+               "--report", str(report_path), "-q", "audio.raw=s16le:16000:1", "video.width=512", "video.height=512",
+               *args.overrides]
+        render = subprocess.Popen(cmd, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        fragments = Fragments(render.stdout)
+        memory: list[tuple[float, float]] = []
+        stop = threading.Event()
+
+        def sample_memory() -> None:
+            while not stop.wait(1.0):
+                try:
+                    memory.append((time.monotonic(), rss_mb(render.pid)))
+                except OSError:
+                    return
+
+        threading.Thread(target=sample_memory, daemon=True).start()
+        while True:
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                connection.connect()
+                break
+            except OSError:
+                time.sleep(0.2)
+        connection.putrequest("POST", "/audio")
+        connection.putheader("Transfer-Encoding", "chunked")
+        connection.endheaders()
+        step = round(PIECE_S * RATE)
+        pushed: list[tuple[int, float]] = []  # (first sample of the piece, time.monotonic() it was pushed)
+        due, spoken = time.monotonic(), 0.0
+        for k in range(0, len(pcm), step):
+            if spoken >= args.every:
+                time.sleep(args.gap)
+                due, spoken = due + args.gap, 0.0
+            piece = pcm[k:k + step].tobytes()
+            pushed.append((k, time.monotonic()))
+            connection.send(b"%x\r\n%s\r\n" % (len(piece), piece))
+            due, spoken = due + PIECE_S, spoken + PIECE_S
+            time.sleep(max(0.0, due - time.monotonic()))
+        connection.send(b"0\r\n\r\n")
+        connection.getresponse().read()
+        end = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        end.request("POST", "/end")
+        end.getresponse().read()
+        render.wait(timeout=600)
+        stop.set()
+        fragments.join(timeout=10)
+        report = json.loads(report_path.read_text())
+    idle = report.get("idle") or []
+    arrivals = fragments.arrivals
+    latencies = []
+    for k, t in pushed:
+        at_s = k / RATE  # the piece on the session's timeline: after every stretch of silence put in before it
+        for start_s, length in idle:
+            if start_s <= at_s + 1e-9:
+                at_s += length
+        frame = int(at_s * FPS)
+        arrived = next((when for when, frames in arrivals if frames > frame), None)
+        if arrived is not None:
+            latencies.append(arrived - t)
+    lat = np.array(latencies)
+    print(f"pushed {len(pcm) / RATE:.1f} s in {len(pushed)} pieces; session {report['duration_s']:.1f} s with "
+          f"{report.get('idle_s') or 0:.1f} s idle; {report['frames']} frames")
+    print(f"latency arrival -> frame out of the sink (s): p50 {np.percentile(lat, 50):.3f}  "
+          f"p95 {np.percentile(lat, 95):.3f}  max {lat.max():.3f}  ({len(lat)} pieces)")
+    t0 = memory[0][0] if memory else 0.0
+    first = [m for t, m in memory if t - t0 <= 60]
+    last = [m for t, m in memory if t >= memory[-1][0] - 60] if memory else []
+    if first and last:
+        print(f"resident memory: first minute {np.mean(first):.0f} MB, last minute {np.mean(last):.0f} MB, "
+              f"peak {report['peak_rss_mb']:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
