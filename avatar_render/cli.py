@@ -15,7 +15,7 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column, Table
 
 from avatar_render.errors import AvatarRenderError
@@ -277,18 +277,20 @@ class _progress:
     def tick(self, p) -> None:
         self.ticker.update(Figures("render", frames_done=p.frames_done, frames_total=p.frames_total,
                                    frames_this_run=p.frames_done - p.frames_resumed, elapsed_s=p.elapsed_s,
-                                   fps=p.fps, chunks_done=p.chunks_done))
+                                   fps=p.fps, chunks_done=p.chunks_done, open_duration=p.open_duration))
 
-    def _start(self) -> None:
+    def _start(self, *, open_duration: bool) -> None:
+        # a session (open duration): frames and elapsed time, no total and no ETA
         self.bar = Progress(
             TextColumn("[bold]rendering"),
             BarColumn(),
             TextColumn("chunk {task.fields[chunks]}"),
-            TextColumn("{task.completed:.0f}/{task.fields[total_text]} frames"),
+            TextColumn("{task.completed:.0f} frames" if open_duration else
+                       "{task.completed:.0f}/{task.fields[total_text]} frames"),
             TextColumn("{task.fields[gen_fps]:.1f} fps"),
             TextColumn("{task.fields[rtf]:.2f}x real time"),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            TextColumn("elapsed" if open_duration else "ETA"),
+            TimeElapsedColumn() if open_duration else TimeRemainingColumn(),
             console=self.out.console,
             transient=True,
         )
@@ -297,7 +299,7 @@ class _progress:
 
     def update(self, p) -> None:
         if self.bar is None:
-            self._start()
+            self._start(open_duration=p.open_duration)
             self.bar.update(self.task, completed=p.frames_resumed)  # so that speed and ETA count this run only
         gen_fps = (p.frames_done - p.frames_resumed) / max(p.elapsed_s, 1e-9)
         self.bar.update(self.task, completed=p.frames_done, total=p.frames_total, chunks=p.chunks_done,

@@ -22,6 +22,7 @@ class Figures:
     chunks_done: Optional[int] = None
     jobs_done: Optional[int] = None
     jobs_total: Optional[int] = None
+    open_duration: bool = False  # a session: its length is known only when its stream ends (no ETA; elapsed time)
 
     @property
     def generated_fps(self) -> float:
@@ -33,7 +34,7 @@ class Figures:
 
     @property
     def eta_s(self) -> Optional[float]:
-        if self.frames_total is None or self.generated_fps <= 0:
+        if self.frames_total is None or self.open_duration or self.generated_fps <= 0:
             return None
         return max(self.frames_total - self.frames_done, 0) / self.generated_fps
 
@@ -45,7 +46,7 @@ class Figures:
 
     def record(self) -> dict:
         """The figures as one JSON-ready object."""
-        fields = {k: v for k, v in asdict(self).items() if v is not None}
+        fields = {k: v for k, v in asdict(self).items() if v is not None and v is not False}
         eta, rtf = self.eta_s, self.realtime_factor
         return {"event": "progress", **fields, "elapsed_s": round(self.elapsed_s, 3),
                 "generated_fps": round(self.generated_fps, 3),
@@ -59,13 +60,16 @@ class Figures:
             parts.append(f"{self.jobs_done}/{self.jobs_total} jobs")
         if self.chunks_done is not None:
             parts.append(f"chunk {self.chunks_done}")
-        total = "?" if self.frames_total is None else str(self.frames_total)
-        share = "" if not self.frames_total else f" ({100 * self.frames_done / self.frames_total:.0f}%)"
-        parts.append(f"{self.frames_done}/{total} frames{share}")
+        if self.open_duration:
+            parts.append(f"{self.frames_done} frames")
+        else:
+            total = "?" if self.frames_total is None else str(self.frames_total)
+            share = "" if not self.frames_total else f" ({100 * self.frames_done / self.frames_total:.0f}%)"
+            parts.append(f"{self.frames_done}/{total} frames{share}")
         parts.append(f"{self.generated_fps:.1f} fps")
         if self.realtime_factor is not None:
             parts.append(f"{self.realtime_factor:.2f}x real time")
-        parts.append(f"ETA {clock(self.eta_s)}")
+        parts.append(f"elapsed {clock(self.elapsed_s)}" if self.open_duration else f"ETA {clock(self.eta_s)}")
         return f"{self.what}: " + ", ".join(parts)
 
 

@@ -53,6 +53,21 @@ def test_a_piped_render_prints_progress_lines(tmp_path, face_png, speech):
     assert done.stdout.splitlines()[-1].startswith("Wrote ")
 
 
+def test_a_session_shows_frames_and_elapsed_time_without_a_total_or_an_eta(tmp_path, face_png, speech):
+    session = Figures("render", frames_done=75, frames_total=None, frames_this_run=75, elapsed_s=61.0, fps=25.0,
+                      open_duration=True)
+    assert session.line() == "render: 75 frames, 1.2 fps, 0.05x real time, elapsed 0:01:01"
+    assert session.record()["eta_s"] is None and session.record()["open_duration"] is True
+    with open(speech, "rb") as stdin:  # the audio from a pipe: its length is not known until it ends
+        done = subprocess.run([sys.executable, "-m", "avatar_render", "render", "--ref", str(face_png), "--audio", "-",
+                               "-o", str(tmp_path / "o.mp4"), "--progress-every", "0", *SMALL],
+                              stdin=stdin, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("render: ")]
+    assert lines and all(" elapsed " in line and "ETA" not in line and "/" not in line for line in lines), lines
+    assert lines[-1].startswith("render: chunk 4, 30 frames, ")
+
+
 def test_json_progress_is_one_object_a_line_and_ends_with_the_figures(tmp_path, face_png, speech):
     done = cli("render", "--ref", face_png, "--audio", speech, "-o", tmp_path / "o.mp4", "--progress", "json", *SMALL)
     assert done.returncode == 0, done.stderr
