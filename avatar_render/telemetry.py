@@ -39,6 +39,15 @@ def current_rss_mb() -> float:
         return peak_rss_mb()
 
 
+def rss_mb_of(pid: int) -> float | None:
+    """Resident memory of another process now (a benchmark watching a render), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE / 2**20
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _cuda():
     """torch.cuda when this process already uses a GPU, else None (the preview engine never imports torch)."""
     torch = sys.modules.get("torch")

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from avatar_render.bench import loop_speech
+from avatar_render.telemetry import rss_mb_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,16 +41,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 class FlvReader(threading.Thread):
@@ -117,7 +108,7 @@ def main() -> int:
         pid, status, usage = os.wait4(render.pid, os.WNOHANG)
         if pid:
             break
-        rss = rss_mb(render.pid)
+        rss = rss_mb_of(render.pid)
         if rss is not None:
             samples.append((time.monotonic() - start, rss))
         time.sleep(1.0)

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from avatar_render.telemetry import rss_mb_of
+
 ROOT = Path(__file__).resolve().parents[1]
 RATE, FPS, PIECE_S = 16000, 25, 0.04
 
@@ -92,13 +94,6 @@ def _video_samples(moof: bytes) -> int:
     return count
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="audio pushed in all")
@@ -121,10 +116,9 @@ def main() -> None:
 
         def sample_memory() -> None:
             while not stop.wait(1.0):
-                try:
-                    memory.append((time.monotonic(), rss_mb(render.pid)))
-                except OSError:
+                if (rss := rss_mb_of(render.pid)) is None:
                     return
+                memory.append((time.monotonic(), rss))
 
         threading.Thread(target=sample_memory, daemon=True).start()
         while True:

@@ -40,6 +40,7 @@ import urllib.request
 from pathlib import Path
 
 from avatar_render.bench import loop_speech
+from avatar_render.telemetry import rss_mb_of
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -74,16 +75,6 @@ class Handovers(threading.Thread):
     def handed_at(self, frame: int) -> float | None:
         i = bisect.bisect_left([f for f, _ in self.seen], frame)
         return self.seen[i][1] if i < len(self.seen) else None
-
-
-def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 def cpu_s(pid: int) -> float | None:
@@ -170,7 +161,7 @@ def main() -> int:
         rss = []  # (s since the command's start, the render's resident memory in MB)
         while proc.poll() is None:  # (the server stays up while the pages are open: --serve-linger)
             time.sleep(2)
-            rss.append((time.time() - start, rss_mb(proc.pid)))
+            rss.append((time.time() - start, rss_mb_of(proc.pid)))
             figures["render_cpu_s"] = cpu_s(proc.pid) or figures.get("render_cpu_s")
             for i, page in enumerate(pages):
                 shown[i] += page.evaluate(TAKE_SHOWN)
