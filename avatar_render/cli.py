@@ -169,10 +169,8 @@ def render(
     shown = progress_choice(progress if writer else "none", quiet=out.quiet, terminal=out.console.is_terminal)
 
     def run() -> None:
-        from avatar_render.api import RenderRequest
+        from avatar_render.api import LiveOptions, RenderRequest, RenderStopped, StopNow, StopSignals, stopping_notice
         from avatar_render.api import render as render_video
-        from avatar_render.job.stop import RenderStopped, StopNow, StopSignals, stopping_notice
-        from avatar_render.job.types import LiveOptions
 
         cfg = _load_config(out, config, overrides, seed=seed)
         if output is None and not live and serve is None:
@@ -350,8 +348,8 @@ def batch(
     shown = progress_choice(progress, quiet=quiet, terminal=out.console.is_terminal)
 
     def run() -> None:
+        from avatar_render.api import StopSignals
         from avatar_render.batch import BatchRequest, run_batch
-        from avatar_render.batch.library import StopSignals
         from avatar_render.batch.shard import parse_shard
         from avatar_render.batch.view import BatchView, outcome_table
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from avatar_render.batch.library import partial_path
+from avatar_render.api import partial_path
 from avatar_render.batch.run import BatchRequest, plan_batch
 from avatar_render.config import load_config
 from avatar_render.errors import AvatarRenderError

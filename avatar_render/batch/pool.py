@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from avatar_render.api import StopNow
 from avatar_render.batch.events import JobMessage, JobProgress, JobStarted, OnEvent, Stopping
 from avatar_render.batch.jobs import EVENT_PREFIX, Job, JobSpec
-from avatar_render.batch.library import StopNow
 from avatar_render.files.write import fresh_file
 
 POLL_S = 0.2

@@ -11,8 +11,8 @@ import logging
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from avatar_render.api import StopNow
 from avatar_render.batch.events import JobMessage, JobProgress, JobStarted, OnEvent, Stopping
-from avatar_render.batch.library import StopNow
 from avatar_render.batch.pool import POLL_S, OnFinished, Task
 from avatar_render.errors import AvatarRenderError
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import avatar_render.batch.ledger as ledger_mod
+from avatar_render.api import partial_path
 from avatar_render.batch.events import JobFinished, OnEvent, Planned
 from avatar_render.batch.jobs import Job, JobSpec, Outcome
 from avatar_render.batch.ledger import Decision, Ledger, batch_dir, own_batch_dir, own_folder
-from avatar_render.batch.library import partial_path
 from avatar_render.batch.locks import JobLocks
 from avatar_render.batch.pool import LocalPool, Task
 from avatar_render.batch.shard import Shard, slurm_shard

@@ -29,7 +29,7 @@ Emit = Callable[[dict[str, Any]], None]
 def run_job(spec: JobSpec, *, emit: Emit, should_stop: Optional[Callable[[], bool]] = None) -> dict[str, Any]:
     """Render the job; returns the final event (done, failed or stopped). Unexpected errors are
     turned into a failure with their type and message (the traceback goes to stderr)."""
-    from avatar_render.batch.library import RenderRequest, RenderStopped, partial_path, render
+    from avatar_render.api import RenderRequest, RenderStopped, partial_path, render
     from avatar_render.config import load_config
 
     def on_progress(p) -> None:
@@ -102,7 +102,7 @@ class _Control:
 
 
 def main(argv: list[str]) -> int:
-    from avatar_render.batch.library import StopNow, StopSignals, is_writer_process
+    from avatar_render.api import StopNow, StopSignals, is_writer_process
 
     spec = JobSpec.from_json(json.loads(argv[0]))
     writer = is_writer_process()  # under torchrun only process 0 reports
