@@ -1,18 +1,12 @@
 """The command line as a user meets it: exit codes, one-sentence errors, no tracebacks, files untouched."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli_util import cli
 from tests.media import speech_like, write_audio, write_video_without_audio
-
-
-def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "avatar_render", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -1,31 +1,15 @@
 """--dry-run: every check before the first frame, the plan printed, nothing written."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli_util import cli
+from tests.folders import snapshot
 from tests.media import speech_like, write_audio
 
 SMALL = ("video.width=96", "video.height=96")
-
-
-def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "avatar_render", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
-
-
-def tree(root: Path) -> dict:
-    """Every path under ``root`` with its size and modification time."""
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            st = os.lstat(os.path.join(folder, name))
-            found[os.path.relpath(os.path.join(folder, name), root)] = (st.st_size, st.st_mtime_ns)
-    return found
 
 
 @pytest.fixture
@@ -36,7 +20,7 @@ def d(tmp_path: Path, face_png: Path) -> Path:
 
 
 def test_render_dry_run_prints_the_plan_and_writes_nothing(d):
-    before = tree(d)
+    before = snapshot(d, mtimes=True)
     done = cli("render", "--ref", d / "face.png", "--audio", d / "talk.wav", "-o", d / "out.mp4", "--report",
                d / "r.json", "--dry-run", *SMALL, "chunk.chunk_frames=20", "chunk.transition_frames=4")
     assert done.returncode == 0, done.stderr
@@ -48,17 +32,17 @@ def test_render_dry_run_prints_the_plan_and_writes_nothing(d):
     assert "MB resident" in rows["memory"] and rows["face model"].strip()
     assert rows["writes"].strip() == f"'{d / 'out.mp4'}', '{d / 'r.json'}'"
     assert done.stdout.splitlines()[-1] == "Dry run: nothing was written."
-    assert tree(d) == before
+    assert snapshot(d, mtimes=True) == before
 
 
 def test_render_dry_run_refuses_what_the_render_would_in_the_same_sentence(d):
-    before = tree(d)
+    before = snapshot(d, mtimes=True)
     for extra, words in ((("-o", d / "missing" / "o.mp4"), "does not exist (create it first)"),
                          (("-o", d / "o.mp4", "--report", d / "talk.wav"), "is the audio file"),
                          (("-o", d / "o.mp4", "face.index=2"), "face.index=2 asks for the face 2nd from the left")):
         done = cli("render", "--ref", d / "face.png", "--audio", d / "talk.wav", "--dry-run", *extra, *SMALL)
         assert done.returncode == 1 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
-    assert tree(d) == before
+    assert snapshot(d, mtimes=True) == before
 
 
 def test_render_dry_run_as_json(d):
@@ -74,10 +58,10 @@ def test_batch_dry_run_says_what_each_job_would_do_and_writes_nothing(d):
     jobs.mkdir()
     (jobs / "a.wav").write_bytes((d / "talk.wav").read_bytes())
     (jobs / "b.wav").write_text("not audio")
-    before = tree(d)
+    before = snapshot(d, mtimes=True)
     done = cli("batch", jobs, "--ref", d / "face.png", "--out", d / "out", "--dry-run", "--progress", "json", *SMALL)
     assert done.returncode == 1, done.stderr  # a job would fail
     plans = {p["name"]: p for p in map(json.loads, done.stdout.splitlines())}
     assert plans["a"]["action"] == "render" and plans["a"]["frames"] == 75
     assert plans["b"]["action"] == "fail" and "is not a readable audio" in plans["b"]["reason"]
-    assert tree(d) == before  # not even the output folder
+    assert snapshot(d, mtimes=True) == before  # not even the output folder

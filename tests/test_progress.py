@@ -8,14 +8,10 @@ from pathlib import Path
 import pytest
 
 from avatar_render.progress import Figures, Ticker
+from tests.cli_util import cli
 from tests.media import speech_like, write_audio
 
 SMALL = ("video.width=96", "video.height=96", "chunk.chunk_frames=8", "chunk.transition_frames=0")
-
-
-def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "avatar_render", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
 
 
 @pytest.fixture(scope="module")

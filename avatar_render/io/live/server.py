@@ -43,19 +43,18 @@ def _body(handler: BaseHTTPRequestHandler, piece: int = 1 << 14) -> Iterator[byt
                 while rfile.readline(1024).strip():  # trailers, up to the empty line
                     pass
                 return
-            while size > 0:
-                data = rfile.read1(min(size, piece))
-                if not data:
-                    raise ValueError("the body ended early")
-                size -= len(data)
-                yield data
+            yield from _read(rfile, size, piece)
             rfile.readline(8)  # the CRLF after the chunk
-    left = int(handler.headers.get("Content-Length") or 0)
-    while left > 0:
-        data = rfile.read1(min(left, piece))
+    yield from _read(rfile, int(handler.headers.get("Content-Length") or 0), piece)
+
+
+def _read(rfile, size: int, piece: int) -> Iterator[bytes]:
+    """``size`` bytes of ``rfile`` in pieces of at most ``piece`` as they arrive."""
+    while size > 0:
+        data = rfile.read1(min(size, piece))
         if not data:
             raise ValueError("the body ended early")
-        left -= len(data)
+        size -= len(data)
         yield data
 
 
