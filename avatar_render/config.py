@@ -18,15 +18,14 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from avatar_render.backends import BACKENDS, SR_MODES, backend, sr_mode
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import shown
 from avatar_render.files.read import regular_file
 
-BACKENDS = ("preview", "infinitetalk")
 MODEL_SIZES = ("tiny", "14b")
 DTYPES = ("float32", "bfloat16", "float16")
 CONTEXT_MODES = ("latents", "reencode")
-SR_MODES = ("none", "vae2x", "swiftvr")
 SR_FIDELITY = ("lowres", "vae2x")
 COMPILE_MODES = ("none", "blocks")
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
@@ -210,14 +209,14 @@ class Config:
         m, v = self.model, self.video
         if m.gen_width:
             return m.gen_width, m.gen_height
-        if m.sr == "none":
+        if not sr_mode(m.sr).upscales:
             return v.width, v.height
         return max(16, v.width // 2 // 16 * 16), max(16, v.height // 2 // 16 * 16)
 
     @property
     def fps(self) -> Fraction:
         """The output frame rate of the selected backend, exact (29.97 becomes 30000/1001)."""
-        fps = self.preview.fps if self.backend == "preview" else self.model.fps
+        fps = getattr(self, backend(self.backend).section).fps
         ntsc = round(fps * 1.001)
         if abs(fps - round(fps)) > 1e-6 and abs(fps - ntsc / 1.001) < 0.005:
             return Fraction(ntsc * 1000, 1001)
@@ -411,7 +410,7 @@ def validate(cfg: Config) -> None:
          "must be 0 or a multiple of 16"),
         ((cfg.model.gen_width == 0) == (cfg.model.gen_height == 0), "model.gen_width",
          "and model.gen_height must be set together"),
-        (cfg.model.sr != "none"
+        (cfg.model.sr not in SR_MODES or SR_MODES[cfg.model.sr].upscales
          or cfg.model.gen_width in (0, cfg.video.width) and cfg.model.gen_height in (0, cfg.video.height),
          "model.gen_width",
          "and model.gen_height must equal video.width and video.height (or be 0) with model.sr=none"),

@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "avatar_render"
 LAYERS = (
     ("errors",),  # the core: the user-facing error type,
     ("files",),  # the files a render reads (checked before they are opened) and writes (only its own)
+    ("backends",),  # the registry: each backend and SR mode declared once, its code imported when asked for
     ("config", "telemetry", "progress"),  # the typed config, the render's measurements, progress lines
     ("distributed",),  # a leaf the api calls: meshes, launches, sharding
     ("pipeline",),  # the tiers: Module, Stage, Pipeline, the chunk plan and the rolling state
@@ -256,3 +257,58 @@ def _scan_outside(module: Path, root: Path) -> list[str]:
         return sorted(file_writes(module), key=lambda w: (int(w.split(":")[1].split(" ")[0]), 0))
     finally:
         PACKAGE = saved
+
+
+def _registered_names() -> set[str]:
+    from avatar_render.backends import BACKENDS
+
+    return set(BACKENDS)
+
+
+def name_compares(path: Path, names: set[str]) -> list[str]:
+    """``file:line`` for each place in ``path`` that asks a backend's name instead of the registry: a
+    comparison with a backend's name (``cfg.backend == "preview"``, ``in ("preview", ...)``), a table keyed
+    by one (``{"infinitetalk": 1}``), or an SR mode compared by name (``m.sr == "none"``)."""
+    def named(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in node.elts)
+
+    def sr(node: ast.AST) -> bool:
+        return getattr(node, "attr", None) == "sr" or getattr(node, "id", None) == "sr"
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+        keys = node.keys if isinstance(node, ast.Dict) else []
+        if any(named(s) for s in sides) or any(k is not None and named(k) for k in keys) or (
+                any(sr(s) for s in sides) and any(isinstance(s, (ast.Constant, ast.Tuple, ast.List, ast.Set))
+                                                  for s in sides)):
+            found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    return found
+
+
+def test_only_the_registry_knows_the_backends_by_name():
+    """A backend is asked what it needs (``backends.backend(name)``), never recognised by its name: adding
+    one is its room and one registration in ``avatar_render/backends.py``."""
+    names = _registered_names()
+    seen = [f for p in sorted(PACKAGE.rglob("*.py")) if p.name != "backends.py" or p.parent != PACKAGE
+            for f in name_compares(p, names)]
+    assert not seen, "backend or SR mode names compared outside avatar_render/backends.py: " + ", ".join(seen)
+
+
+def test_the_name_scan_sees_each_kind_of_name_compare(tmp_path):
+    """The scan above can fail: each way of recognising a backend by name, and look-alikes it leaves."""
+    module = tmp_path / "m.py"
+    module.write_text(
+        "a = cfg.backend == 'preview'\nb = cfg.backend in ('preview', 'other')\nc = {'infinitetalk': 1}\n"
+        "d = m.sr != 'none'\ne = 'swiftvr' == sr\n"
+        "f = backend(cfg.backend).gpu\ng = cfg.backend == own.name\nh = {'x': 'preview'}\n"
+        "i = m.sr_fidelity == 'vae2x'\nbackend: str = 'preview'\n")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, tmp_path
+    try:
+        found = name_compares(module, {"preview", "infinitetalk"})
+    finally:
+        PACKAGE = saved
+    assert [f.rsplit("/", 1)[-1] for f in found] == ["m.py:1", "m.py:2", "m.py:3", "m.py:4", "m.py:5"], found

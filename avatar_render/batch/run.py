@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 import avatar_render.batch.ledger as ledger_mod
 from avatar_render.api import partial_path
+from avatar_render.backends import backend
 from avatar_render.batch.events import JobFinished, OnEvent, Planned
 from avatar_render.batch.jobs import Job, JobSpec, Outcome
 from avatar_render.batch.ledger import Decision, Ledger, batch_dir, own_batch_dir, own_folder
@@ -246,10 +247,10 @@ def _launcher(request: BatchRequest, cfg: Config, workers: int) -> Callable[...,
             run_on_ray,
             address=request.ray_address,
             cpus_per_job=request.cpus_per_job,
-            gpus_per_job=0.0 if cfg.backend == "preview" else 1.0,
+            gpus_per_job=1.0 if backend(cfg.backend).gpu else 0.0,
             retries=request.retries,
         )
-    devices = None if cfg.backend == "preview" else visible_gpus() or None
+    devices = visible_gpus() or None if backend(cfg.backend).gpu else None
     if devices is not None and len(devices) < workers * request.procs_per_job:
         raise AvatarRenderError(
             f"{workers} jobs of {request.procs_per_job} GPUs each need {workers * request.procs_per_job} GPUs; "
@@ -317,7 +318,7 @@ def _outcome(task: Task, final: dict, wall_s: float) -> Outcome:
 def default_workers(cfg: Config, procs_per_job: int = 1) -> int:
     """Jobs side by side when --jobs is not given: a CPU core each for the preview backend, else
     ``procs_per_job`` GPUs each (one job when no GPU is visible)."""
-    if cfg.backend == "preview":
+    if not backend(cfg.backend).gpu:
         return max(1, len(os.sched_getaffinity(0)) // procs_per_job)
     return max(1, len(visible_gpus()) // procs_per_job)
 

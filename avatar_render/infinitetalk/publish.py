@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from avatar_render.backends import sr_mode
 from avatar_render.config import Config
 from avatar_render.distributed.mesh import Mesh
 from avatar_render.distributed.parallelize import shard
@@ -39,8 +40,8 @@ def _device(cfg: Config, mesh: Mesh) -> torch.device:
 
 
 def build_publish(cfg: Config, comps: Components, mesh: Mesh) -> Stage:
-    m, dist = cfg.model, cfg.dist
-    if m.sr == "none":
+    m, dist, mode = cfg.model, cfg.dist, sr_mode(cfg.model.sr)
+    if not mode.upscales:
         return LatentDecode(vae=comps.vae, colour_guard=m.colour_guard,
                             split=RowSplit(mesh) if mesh.distributed and dist.split_decode else None,
                             writes=mesh.is_writer)
@@ -51,7 +52,7 @@ def build_publish(cfg: Config, comps: Components, mesh: Mesh) -> Stage:
     stream = max(1, dist.prefetch_blocks) if dist.offload.get("sr") == "offloaded" else 0
     sr = make_sr_components(m, seed=cfg.seed, device=_device(cfg, mesh), shard_dit=shard_dit, stream_dit=stream)
     out = (cfg.video.width, cfg.video.height)
-    if m.sr == "vae2x":
+    if not mode.one_step:
         return StageChain((PixelDecode(vae=sr.vae2x, colour_guard=m.colour_guard),
                            SRStage(size=out, writes=mesh.is_writer)))
     stages: list[Stage] = [PixelDecode(vae=comps.vae, colour_guard=m.colour_guard)]
@@ -65,6 +66,6 @@ def build_publish(cfg: Config, comps: Components, mesh: Mesh) -> Stage:
 
 def publish_notes(cfg: Config, mesh: Mesh) -> Optional[str]:
     """What the user should know about the publishing slot under torchrun (None: nothing)."""
-    if cfg.model.sr != "none" and mesh.distributed and cfg.dist.split_decode:
+    if sr_mode(cfg.model.sr).upscales and mesh.distributed and cfg.dist.split_decode:
         return "With model.sr set, every process decodes whole frames (dist.split_decode applies to sr=none only)."
     return None

@@ -8,6 +8,7 @@ import dataclasses
 import sys
 from typing import Callable, Optional
 
+from avatar_render.backends import backend
 from avatar_render.config import Config
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio_stream import (
@@ -43,7 +44,7 @@ def session_request(request: RenderRequest) -> RenderRequest:
     cfg = request.config
     if cfg.audio.raw is not None:
         RawFormat.parse(cfg.audio.raw)
-    if realtime(request) and cfg.backend == "preview":
+    if realtime(request) and backend(cfg.backend).session_chunks:
         chunk = dataclasses.replace(cfg.chunk, chunk_frames=cfg.session.chunk_frames,
                                     transition_frames=cfg.session.transition_frames, first_frames=0)
         request = dataclasses.replace(request, config=dataclasses.replace(cfg, chunk=chunk))
