@@ -4,6 +4,7 @@ every import points down the layers that docs/architecture.md describes."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "avatar_render"
@@ -312,3 +313,119 @@ def test_the_name_scan_sees_each_kind_of_name_compare(tmp_path):
     finally:
         PACKAGE = saved
     assert [f.rsplit("/", 1)[-1] for f in found] == ["m.py:1", "m.py:2", "m.py:3", "m.py:4", "m.py:5"], found
+
+
+# The maps of the rooms in the docs are read from LAYERS above, the one source of truth: the diagram of
+# docs/architecture.md (one layer a line, top first) and the README's list (each bullet's rooms before its colon).
+ROOT = PACKAGE.parent
+_ROOM_WORD = re.compile(r"[a-z_]+")
+
+
+def package_rooms(package: Path) -> set[str]:
+    return {p.stem if p.is_file() else p.name for p in package.iterdir()
+            if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and any(p.glob("*.py")))}
+
+
+def diagram_layers(text: str) -> list[tuple[str, ...]]:
+    """The layers of the first code block, top first: each line's rooms are its words before the
+    description (columns two spaces apart); a line that starts with spaces continues the one above."""
+    block = text.split("```", 2)[1].split("\n", 1)[1]
+    layers: list[tuple[str, ...]] = []
+    for line in block.splitlines():
+        fields = re.split(r"\s{2,}", line.strip())
+        rooms = tuple(f for f in fields[:-1] if _ROOM_WORD.fullmatch(f))
+        if line.startswith(" ") and layers:
+            layers[-1] += rooms
+        elif rooms:
+            layers.append(rooms)
+    return layers
+
+
+def readme_rooms(text: str) -> list[tuple[str, ...]]:
+    """The rooms of each bullet of the README's package list: the `names` before the first colon."""
+    section = text.split("The package, from the bottom layer up", 1)[1].split(":\n", 1)[1].strip().split("\n\n", 1)[0]
+    bullets = [b for b in re.split(r"\n(?=\* )", section) if b.startswith("* ")]
+    return [tuple(n.rstrip("/").removesuffix(".py") for n in re.findall(r"`([^`]+)`", b.split(": ", 1)[0]))
+            for b in bullets]
+
+
+def map_faults(layers: tuple[tuple[str, ...], ...], rooms: set[str], diagram: list[tuple[str, ...]],
+               readme: list[tuple[str, ...]]) -> list[str]:
+    shown = tuple(t for t in (tuple(r for r in layer if r != "__main__") for layer in layers) if t)
+    faults = [f"LAYERS names {r}, which the package does not have" for layer in layers for r in layer
+              if r not in rooms]
+    if tuple(reversed(diagram)) != shown:
+        faults.append(f"docs/architecture.md's diagram {list(reversed(diagram))} is not LAYERS {list(shown)}")
+    rank = {r: i for i, layer in enumerate(shown) for r in layer}
+    named = [r for bullet in readme for r in bullet]
+    faults += [f"the README names {r}, which is no room" for r in named if r not in rank]
+    faults += [f"the README leaves out {r}" for r in sorted(set(rank) - set(named))]
+    ranks = [rank[r] for r in named if r in rank]
+    if ranks != sorted(ranks):
+        faults.append(f"the README's list is not from the bottom layer up: {named}")
+    return faults
+
+
+def test_the_docs_map_the_rooms_the_layers_have():
+    faults = map_faults(LAYERS, package_rooms(PACKAGE), diagram_layers((ROOT / "docs" / "architecture.md").read_text()),
+                        readme_rooms((ROOT / "README.md").read_text()))
+    assert not faults, "; ".join(faults)
+
+
+def test_the_map_check_sees_a_room_missing_or_made_up():
+    """The check above can fail: maps that name a room the package lacks, miss one, or mix the order."""
+    layers = (("errors",), ("io", "face"), ("cli",), ("__main__",))
+    rooms = {"errors", "io", "face", "cli", "__main__"}
+    diagram = diagram_layers("x\n```\ncli     the app\nio   face   media; the face\nerrors    the error\n```\n")
+    readme = readme_rooms("The package, from the bottom layer up (each):\n\n* `errors.py`: e.\n* `io/`, `face/`: m.\n"
+                          "* `cli.py`: c.\n\nNext.")
+    assert map_faults(layers, rooms, diagram, readme) == []
+    assert map_faults(layers, rooms - {"face"}, diagram, readme) == [
+        "LAYERS names face, which the package does not have"]
+    assert "is not LAYERS" in map_faults(layers, rooms, diagram[:1] + diagram[2:], readme)[0]
+    assert map_faults(layers, rooms, diagram, readme[:1] + [("io",), ("cli", "web")]) == [
+        "the README names web, which is no room", "the README leaves out face"]
+    assert "not from the bottom layer up" in map_faults(layers, rooms, diagram, readme[::-1])[0]
+
+
+def exception_faults(path: Path, *, errors_module: bool) -> list[str]:
+    """``file:line Name`` for each exception class in ``path`` off the rule of errors.py: an error's name ends
+    in ``Error`` and it lives in errors.py (nothing else does); any other exception class is a control-flow
+    signal that derives from ``Exception`` or ``BaseException`` only."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+        exception = node.name.endswith("Error") or any(b.endswith(("Error", "Exception")) for b in bases)
+        where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}"
+        if errors_module and not node.name.endswith("Error"):
+            found.append(where)
+        elif not errors_module and exception and (
+                node.name.endswith("Error") or any(b not in ("Exception", "BaseException") for b in bases)):
+            found.append(where)
+    return found
+
+
+def test_errors_live_in_errors_py_and_signals_are_not_errors():
+    faults = [f for p in sorted(PACKAGE.rglob("*.py"))
+              for f in exception_faults(p, errors_module=p == PACKAGE / "errors.py")]
+    assert not faults, "exception classes off the rule of avatar_render/errors.py: " + ", ".join(faults)
+
+
+def test_the_exception_scan_sees_an_error_outside_errors_py(tmp_path):
+    """The check above can fail: an error kind defined elsewhere, a signal named as an error, a signal
+    deriving from an error, and errors.py holding a class not named as an error."""
+    module = tmp_path / "m.py"
+    module.write_text("class CannotResume(AvatarRenderError): pass\nclass StageFailed(RuntimeError): pass\n"
+                      "class DecodeError(Exception): pass\nclass StopNow(BaseException): pass\n"
+                      "class Aborted(Exception): pass\nclass Item: pass\nclass Sub(Item): pass\n")
+    (tmp_path / "errors.py").write_text("class AvatarRenderError(Exception): pass\nclass Stop(Exception): pass\n")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, tmp_path / "pkg"
+    try:
+        assert [f.split(" ")[1] for f in exception_faults(module, errors_module=False)] == [
+            "CannotResume", "StageFailed", "DecodeError"]
+        assert [f.split(" ")[1] for f in exception_faults(tmp_path / "errors.py", errors_module=True)] == ["Stop"]
+    finally:
+        PACKAGE = saved

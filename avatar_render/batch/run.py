@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import avatar_render.batch.ledger as ledger_mod
-from avatar_render.api import partial_path
+from avatar_render.api import render_paths
 from avatar_render.backends import backend
 from avatar_render.batch.events import JobFinished, OnEvent, Planned
 from avatar_render.batch.jobs import Job, JobSpec, Outcome
@@ -110,7 +110,7 @@ def plan_batch(request: BatchRequest) -> BatchPlan:
         ident = ledger_mod.identity(ledger_mod.config_digest(configs[job.overrides]), ref_fp, audio_fp)
         identities[job.key] = {"identity": ident, "reference_fp": ref_fp, "audio_fp": audio_fp}
         decisions[job.key] = ledger.decide(
-            job, ident, partial_exists=partial_path(job.output).exists(), force=request.force
+            job, ident, partial_exists=render_paths(job.output).partial.exists(), force=request.force
         )
     return BatchPlan(
         jobs=jobs, unpaired=listed.unpaired, decisions=decisions, identities=identities, shard=shard, config=base,
@@ -160,7 +160,7 @@ def _run_locked(request: BatchRequest, plan: BatchPlan, locks: JobLocks, *, out:
                 continue
             # decided again now that the job is ours: another batch may have finished it meanwhile
             decision = ledger.decide(job, plan.identities[job.key]["identity"],
-                                     partial_exists=partial_path(job.output).exists(), force=request.force)
+                                     partial_exists=render_paths(job.output).partial.exists(), force=request.force)
         if decision.action == "skip":  # the figures of the run that rendered it, marked as such
             record = ledger.get(job) or {}
             kept = {

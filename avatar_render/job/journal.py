@@ -56,10 +56,6 @@ _DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
 _CODES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
-def journal_path(output: Path) -> Path:
-    return output.with_name(output.name + ".journal")
-
-
 @dataclass(frozen=True)
 class ChunkRecord:
     kind: str

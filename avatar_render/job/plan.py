@@ -15,16 +15,16 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.face.detect import FaceDetector, choose_face
 from avatar_render.face.landmarks import find_model
 from avatar_render.files.names import shown
+from avatar_render.files.render_paths import render_paths
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import open_reference
-from avatar_render.job.journal import Journal, journal_path
+from avatar_render.job.journal import Journal
 from avatar_render.job.live import Live
 from avatar_render.job.output import (
     check_finished,
     check_output,
     check_partial,
     check_report,
-    partial_path,
     request_inputs,
 )
 from avatar_render.job.resume import prior_commit
@@ -90,14 +90,15 @@ def plan_render(request: RenderRequest) -> RenderPlan:
         output = Path(request.output)
         check_finished(output, resume=request.resume, force=request.force)
         check_output(output, force=request.force)
-        written = {"output": output, "partial file": partial_path(output), "resume journal": journal_path(output)}
+        own = render_paths(output)
+        written = own.written()
         for what, path in written.items():
             inputs.check(path, what=what)
         inputs = inputs.plus_outputs(written)
-        journal = Journal.open(journal_path(output), create=False)  # (an existing one: locked and read)
+        journal = Journal.open(own.journal, create=False)  # (an existing one: locked and read)
         try:
             check_partial(output, journal)
-            prior = prior_commit(journal, output=output, partial=partial_path(output), resume=request.resume,
+            prior = prior_commit(journal, output=output, partial=own.partial, resume=request.resume,
                                  force=request.force, fps=cfg.fps)
             why = None if prior is None else journal.mismatch(render_identity(request, live))
             if why:
