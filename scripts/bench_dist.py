@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from avatar_render.config import load_config  # noqa: E402
+from avatar_render.distributed.device_mesh import resolve_device  # noqa: E402
 from avatar_render.distributed.launch import session  # noqa: E402
-from avatar_render.infinitetalk.components import resolve_device  # noqa: E402
 from avatar_render.job.setup import prepared  # noqa: E402
 from avatar_render.pipeline.chain import StageChain  # noqa: E402
 from avatar_render.telemetry import peak_rss_mb  # noqa: E402

@@ -107,7 +107,7 @@ def test_the_checks_see_a_cycle_an_upward_import_and_a_room_knowing_too_much(tmp
     (fake / "io" / "b.py").write_text("from avatar_render.io import a\nfrom avatar_render.api import render\n")
     (fake / "api.py").write_text("")
     (fake / "models").mkdir()
-    (fake / "models" / "net.py").write_text("from avatar_render.distributed.mesh import Mesh\n")
+    (fake / "models" / "net.py").write_text("from avatar_render.distributed.device_mesh import Mesh\n")
     (fake / "distributed").mkdir()
     (fake / "distributed" / "mesh.py").write_text("")
     (fake / "job").mkdir()
@@ -126,7 +126,7 @@ def test_the_checks_see_a_cycle_an_upward_import_and_a_room_knowing_too_much(tmp
     try:
         test_rooms_import_nothing_they_must_not_know()
     except AssertionError as e:
-        assert "avatar_render.models.net -> avatar_render.distributed.mesh" in str(e)
+        assert "avatar_render.models.net -> avatar_render.distributed.device_mesh" in str(e)
         assert "avatar_render.batch.pool -> avatar_render.job.stop" in str(e)
     else:
         raise AssertionError("the model importing distributed and the batch importing job were not seen")

@@ -19,7 +19,7 @@ import pytest
 
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
-from avatar_render.distributed.mesh import single
+from avatar_render.distributed.device_mesh import single
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.render_paths import render_paths
 from avatar_render.io.audio import AudioReader
@@ -471,7 +471,7 @@ def test_diffusion_loop_resumes_exactly_and_checkpoints_hold_latents_not_the_dec
 def test_resume_under_other_live_options_is_refused_as_its_keyframes_would_change(work, face_png, tmp_path):
     """A live render has keyframes every --live-gop; resumed without its live options the file's GOP would
     change at the resume point: refused in one sentence (the dry run says the same), then resumed with them."""
-    from avatar_render.job.types import LiveOptions
+    from avatar_render.job.request import LiveOptions
 
     _, audio, _, _ = work
     (tmp_path / "hls").mkdir()

@@ -304,7 +304,7 @@ def test_tiny_diffusion_backend_conditions_each_chunk_on_its_source_frame(media)
     pytest.importorskip("torch")
     import torch
 
-    from avatar_render.distributed.mesh import single
+    from avatar_render.distributed.device_mesh import single
     from avatar_render.job.setup import build_pipeline
 
     cfg = load_config(ROOT / "configs" / "tiny.yaml")

@@ -7,7 +7,7 @@ from contextlib import nullcontext
 from avatar_render.backends import INFINITETALK
 from avatar_render.config import Config
 from avatar_render.distributed.cfg_parallel import spare_replicas, split_passes
-from avatar_render.distributed.mesh import Mesh
+from avatar_render.distributed.device_mesh import Mesh
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.a2v import A2VStage
 from avatar_render.infinitetalk.components import architectures, make_components

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
-
 from avatar_render.backends import sr_mode
 from avatar_render.config import Config
-from avatar_render.distributed.mesh import Mesh
+from avatar_render.distributed.device_mesh import Mesh, resolve_device
 from avatar_render.distributed.parallelize import shard
 from avatar_render.distributed.split_decode import RowSplit
-from avatar_render.infinitetalk.components import Components, resolve_device
+from avatar_render.infinitetalk.components import Components
 from avatar_render.infinitetalk.sr import SRStage
 from avatar_render.infinitetalk.sr_components import make_sr_components
 from avatar_render.infinitetalk.sr_decode import FidelityDecode, PixelDecode
@@ -32,11 +30,6 @@ from avatar_render.infinitetalk.stages import LatentDecode
 from avatar_render.models.sr.swiftvr_stream import SwiftVRStream
 from avatar_render.pipeline.chain import StageChain
 from avatar_render.pipeline.stage import Stage
-
-
-def _device(cfg: Config, mesh: Mesh) -> torch.device:
-    own = resolve_device(cfg.model.device)
-    return mesh.device if mesh.distributed and own.type != "cpu" else own
 
 
 def build_publish(cfg: Config, comps: Components, mesh: Mesh) -> Stage:
@@ -50,7 +43,8 @@ def build_publish(cfg: Config, comps: Components, mesh: Mesh) -> Stage:
         offload = dist.offload.get("sr") == "offloaded"
         shard_dit = lambda net: shard(net, list(net.blocks), mesh, offload=offload, prefetch=dist.prefetch_blocks)  # noqa: E731
     stream = max(1, dist.prefetch_blocks) if dist.offload.get("sr") == "offloaded" else 0
-    sr = make_sr_components(m, seed=cfg.seed, device=_device(cfg, mesh), shard_dit=shard_dit, stream_dit=stream)
+    sr = make_sr_components(m, seed=cfg.seed, device=resolve_device(m.device, mesh.device), shard_dit=shard_dit,
+                            stream_dit=stream)
     out = (cfg.video.width, cfg.video.height)
     if not mode.one_step:
         return StageChain((PixelDecode(vae=sr.vae2x, colour_guard=m.colour_guard),

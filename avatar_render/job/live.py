@@ -24,7 +24,7 @@ from avatar_render.io.live.webrtc import WebRtcHub
 from avatar_render.io.sink import Sink
 from avatar_render.io.spec import WriterSpec
 from avatar_render.job.output import request_inputs
-from avatar_render.job.types import OnMessage, Progress, RenderRequest
+from avatar_render.job.request import OnMessage, Progress, RenderRequest
 
 _SERVED_PLAYLIST = "live.m3u8"
 

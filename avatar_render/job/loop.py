@@ -34,10 +34,10 @@ from avatar_render.io.writer import (
 from avatar_render.job.journal import ChunkRecord, Commit, Journal, snapshot
 from avatar_render.job.live import Live
 from avatar_render.job.output import move_into_place
+from avatar_render.job.request import Progress, RenderReport, RenderRequest
 from avatar_render.job.resume import replay_audio
 from avatar_render.job.setup import Prepared
 from avatar_render.job.stop import RenderStopped, StopNow
-from avatar_render.job.types import Progress, RenderReport, RenderRequest
 from avatar_render.pipeline.state import Checkpoint, Flat
 from avatar_render.pipeline.types import Published
 from avatar_render.telemetry import Telemetry, peak_gpu_mb, peak_rss_mb, write_report

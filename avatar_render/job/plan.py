@@ -27,9 +27,9 @@ from avatar_render.job.output import (
     check_report,
     request_inputs,
 )
+from avatar_render.job.request import RenderRequest
 from avatar_render.job.resume import prior_commit
 from avatar_render.job.run import render_identity
-from avatar_render.job.types import RenderRequest
 from avatar_render.pipeline.schedule import iter_schedule
 
 # The preview's resident memory: the process and its models, then frames in flight (calibrated on the peaks

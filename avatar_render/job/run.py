@@ -7,8 +7,8 @@ from typing import Callable, Optional
 
 from omegaconf import OmegaConf
 
+from avatar_render.distributed.device_mesh import Mesh
 from avatar_render.distributed.launch import broadcast
-from avatar_render.distributed.mesh import Mesh
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import shown
 from avatar_render.files.render_paths import render_paths
@@ -30,11 +30,11 @@ from avatar_render.job.output import (
     finished_before,
     request_inputs,
 )
+from avatar_render.job.request import OnMessage, Progress, RenderReport, RenderRequest
 from avatar_render.job.resume import prior_commit
 from avatar_render.job.session import open_stream, session_request
 from avatar_render.job.setup import prepared
 from avatar_render.job.stop import RenderStopped, StopNow
-from avatar_render.job.types import OnMessage, Progress, RenderReport, RenderRequest
 from avatar_render.pipeline.state import Checkpoint
 from avatar_render.pipeline.types import StaticConditioning
 from avatar_render.telemetry import Telemetry

@@ -22,7 +22,7 @@ from avatar_render.io.audio_stream import (
     srt_listener,
     stream_name,
 )
-from avatar_render.job.types import RenderRequest
+from avatar_render.job.request import RenderRequest
 
 
 def realtime(request: RenderRequest) -> bool:

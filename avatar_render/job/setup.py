@@ -12,8 +12,8 @@ import numpy as np
 
 from avatar_render.backends import backend
 from avatar_render.config import Config
+from avatar_render.distributed.device_mesh import Mesh
 from avatar_render.distributed.launch import broadcast
-from avatar_render.distributed.mesh import Mesh
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.audio_stream import StreamedAudio
 from avatar_render.io.reference import open_reference
