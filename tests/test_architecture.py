@@ -109,7 +109,7 @@ def test_the_checks_see_a_cycle_an_upward_import_and_a_room_knowing_too_much(tmp
     (fake / "models").mkdir()
     (fake / "models" / "net.py").write_text("from avatar_render.distributed.device_mesh import Mesh\n")
     (fake / "distributed").mkdir()
-    (fake / "distributed" / "mesh.py").write_text("")
+    (fake / "distributed" / "device_mesh.py").write_text("")
     (fake / "job").mkdir()
     (fake / "job" / "stop.py").write_text("")
     (fake / "batch").mkdir()
