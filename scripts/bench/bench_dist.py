@@ -7,8 +7,8 @@ watched) and is printed from two starts that bound the GPU's idle time between t
 The modules are placed as a render places them (``dist.offload`` decides; a render moves nothing
 between stages). Run it in one process or under torchrun (process 0 prints):
 
-    python scripts/bench_dist.py -c configs/tiny.yaml
-    torchrun --nproc-per-node 8 scripts/bench_dist.py -c configs/infinitetalk-480p.yaml
+    python scripts/bench/bench_dist.py -c configs/tiny.yaml
+    torchrun --nproc-per-node 8 scripts/bench/bench_dist.py -c configs/infinitetalk-480p.yaml
 
 On a CPU or with the tiny model the numbers show the mechanics, not representative speed.
 """
@@ -18,15 +18,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 from avatar_render.backends import backend  # noqa: E402
 from avatar_render.config import load_config  # noqa: E402
