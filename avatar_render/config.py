@@ -44,8 +44,8 @@ class VideoConfig:
     crf: int = 20  # libx264 constant rate factor: 0 lossless .. 51 worst
     preset: str = "veryfast"  # libx264 speed/size trade-off
     audio_bitrate: int = 128_000  # AAC bits per second
-    gop_seconds: float = 10.0  # a keyframe (and a fresh encoder) at the first chunk start this long after the last:
-    #   where a stopped render resumes
+    gop_seconds: float = 0.0  # a keyframe (and a fresh encoder) at the first chunk start this long after the last:
+    #   where a stopped render resumes, an HLS segment; 0: 10 s for a file, 2 s for a live render (--live, --serve)
 
 
 @dataclass(frozen=True)
@@ -361,7 +361,8 @@ def validate(cfg: Config) -> None:
          "times video.height must not exceed 4096x4096"),
         (0 <= cfg.video.crf <= 51, "video.crf", "must be between 0 and 51"),
         (8_000 <= cfg.video.audio_bitrate <= 512_000, "video.audio_bitrate", "must be between 8000 and 512000"),
-        (0.04 <= cfg.video.gop_seconds <= 3600, "video.gop_seconds", "must be between 0.04 and 3600"),
+        (cfg.video.gop_seconds == 0 or 0.04 <= cfg.video.gop_seconds <= 3600, "video.gop_seconds",
+         "must be 0 (10 s for a file, 2 s live) or between 0.04 and 3600"),
         (cfg.chunk.chunk_frames >= 1, "chunk.chunk_frames", "must be at least 1"),
         (cfg.chunk.context_frames >= 0, "chunk.context_frames", "must not be negative"),
         (cfg.chunk.transition_frames >= 0, "chunk.transition_frames", "must not be negative"),

@@ -469,20 +469,21 @@ def test_diffusion_loop_resumes_exactly_and_checkpoints_hold_latents_not_the_dec
 
 
 def test_resume_under_other_live_options_is_refused_as_its_keyframes_would_change(work, face_png, tmp_path):
-    """A live render has keyframes every --live-gop; resumed without its live options the file's GOP would
-    change at the resume point: refused in one sentence (the dry run says the same), then resumed with them."""
+    """With video.gop_seconds unset a live render has a keyframe every 2 s and a file every 10 s; resumed
+    without its live options the file's GOP would change at the resume point: refused in one sentence (the
+    dry run says the same), then resumed with them."""
     from avatar_render.job.request import LiveOptions
 
     _, audio, _, _ = work
     (tmp_path / "hls").mkdir()
-    live = LiveOptions(targets=(str(tmp_path / "hls" / "live.m3u8"),), gop_seconds=0.5)
+    live = LiveOptions(targets=(str(tmp_path / "hls" / "live.m3u8"),))
     with pytest.raises(RenderStopped):
-        api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=10", live=live, should_stop=stop_after(5))
-    words = r"keyframe every 0.5 s and would now have one every 10 s .*resume with the live options it was started"
+        api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=0", live=live, should_stop=stop_after(0))
+    words = r"keyframe every 2 s and would now have one every 10 s .*resume with the live options it was started"
     with pytest.raises(AvatarRenderError, match=words):
-        api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=10", resume=True)
+        api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=0", resume=True)
     done = cli("render", "--ref", face_png, "--audio", audio, "-o", tmp_path / "l.mp4", "--resume", "--dry-run",
-               *SMALL, "video.gop_seconds=10", cwd=tmp_path)
+               *SMALL, "video.gop_seconds=0", cwd=tmp_path)
     assert done.returncode == 1 and "would now have one every 10 s" in one_error_line(done)
-    report, _ = api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=10", resume=True, live=live)
+    report, _ = api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=0", resume=True, live=live)
     assert report.resumed_frames > 0 and report.frames == 75

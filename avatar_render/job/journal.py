@@ -205,8 +205,8 @@ class Journal:
         before, now = old.get("gop_seconds"), ident.get("gop_seconds")
         if before is not None and now is not None and before != now:
             return (f"it was started with a keyframe every {_seconds(before)} and would now have one every "
-                    f"{_seconds(now)} (--serve and --live shorten it to --live-gop, --underrun hold to every chunk: "
-                    "resume with the live options it was started with)")
+                    f"{_seconds(now)} (with video.gop_seconds unset --serve and --live shorten it to 2 s, "
+                    "--underrun hold to every chunk: resume with the live options it was started with)")
         return None
 
     def resume_point(self) -> tuple[Checkpoint, list[ChunkRecord]]:

@@ -32,7 +32,7 @@ from avatar_render.io.writer import (
     remux_faststart,
 )
 from avatar_render.job.journal import ChunkRecord, Commit, Journal, snapshot
-from avatar_render.job.live import Live
+from avatar_render.job.live import Live, gop_seconds
 from avatar_render.job.output import move_into_place
 from avatar_render.job.request import Progress, RenderReport, RenderRequest
 from avatar_render.job.resume import replay_audio
@@ -115,7 +115,7 @@ class ChunkLoop:
 
     def _open_writer(self, checkpoint: Optional[Checkpoint], prior: Optional[Commit]) -> Mp4Writer:
         cfg, info = self.cfg, self.job.audio.info
-        gop = cfg.video.gop_seconds if self.live is None else self.live.gop_seconds(cfg)
+        gop = gop_seconds(cfg, self.live)
         spec = WriterSpec(
             path=self.partial, width=cfg.video.width, height=cfg.video.height, fps=cfg.fps,
             crf=cfg.video.crf, preset=cfg.video.preset, audio_rate=info.output_rate,

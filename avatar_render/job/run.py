@@ -20,7 +20,7 @@ from avatar_render.job.journal import (
     Journal,
     identity,
 )
-from avatar_render.job.live import Live
+from avatar_render.job.live import Live, gop_seconds
 from avatar_render.job.loop import ChunkLoop
 from avatar_render.job.output import (
     check_finished,
@@ -174,7 +174,7 @@ def render_identity(request: RenderRequest, live: Optional[Live]) -> dict:
     cfg = request.config
     audio = str(request.audio) if is_stream(request.audio) else Path(request.audio)
     ident = identity(OmegaConf.to_container(OmegaConf.structured(cfg)), Path(request.reference), audio)
-    return {**ident, "gop_seconds": cfg.video.gop_seconds if live is None else live.gop_seconds(cfg)}
+    return {**ident, "gop_seconds": gop_seconds(cfg, live)}
 
 
 def _playlists(live: Optional[Live]) -> dict[str, Path]:
