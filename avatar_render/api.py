@@ -18,20 +18,21 @@ from functools import partial as bind
 from pathlib import Path
 from typing import Callable, Optional
 
+from avatar_render.distributed.device_mesh import Launch
 from avatar_render.distributed.launch import agree, broadcast, is_writer_process, session
-from avatar_render.distributed.mesh import Launch
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.render_paths import render_paths
 from avatar_render.io.audio_stream import is_stream
-from avatar_render.job.output import forget_empty_render, partial_path
+from avatar_render.job.output import forget_empty_render
 from avatar_render.job.plan import RenderPlan, plan_render
+from avatar_render.job.request import LiveOptions, OnMessage, Progress, RenderReport, RenderRequest
 from avatar_render.job.run import finished_render, run_job
 from avatar_render.job.setup import follow
 from avatar_render.job.stop import RenderStopped, StopNow, StopSignals, stopping_notice
-from avatar_render.job.types import LiveOptions, OnMessage, Progress, RenderReport, RenderRequest
 from avatar_render.telemetry import Telemetry
 
 __all__ = ["LiveOptions", "Progress", "RenderPlan", "RenderReport", "RenderRequest", "RenderStopped", "StopNow",
-           "StopSignals", "is_writer_process", "partial_path", "plan_render", "render", "stopping_notice"]
+           "StopSignals", "is_writer_process", "plan_render", "render", "render_paths", "stopping_notice"]
 
 
 def render(

@@ -143,9 +143,8 @@ def render(
         "--live-buffer", metavar="SECONDS", help="RTMP/SRT: encoded media queued ahead of the wire.")] = 10.0,
     live_retry: Annotated[float, typer.Option(
         "--live-retry", metavar="SECONDS", help="RTMP/SRT: how long a lost connection is retried.")] = 30.0,
-    live_gop: Annotated[float, typer.Option(
-        "--live-gop", metavar="SECONDS", help="Keyframe interval and HLS segment of a live render "
-                                              "(when below video.gop_seconds).")] = 2.0,
+    live_gop: Annotated[Optional[float], typer.Option(
+        "--live-gop", metavar="SECONDS", hidden=True, help="Old name of video.gop_seconds=SECONDS.")] = None,
     serve_linger: Annotated[float, typer.Option(
         "--serve-linger", metavar="SECONDS", help="--serve: after the render, keep serving while the page was open "
                                                   "this recently (0: stop at once).")] = 10.0,
@@ -172,11 +171,16 @@ def render(
         from avatar_render.api import LiveOptions, RenderRequest, RenderStopped, StopNow, StopSignals, stopping_notice
         from avatar_render.api import render as render_video
 
-        cfg = _load_config(out, config, overrides, seed=seed)
+        given = list(overrides or ())
+        if live_gop is not None:  # the old name of the one keyframe knob
+            out.warn(f"--live-gop is now the config key video.gop_seconds (2 s for a live render when unset): "
+                     f"pass video.gop_seconds={live_gop:g} instead.")
+            given.append(f"video.gop_seconds={live_gop:g}")
+        cfg = _load_config(out, config, given, seed=seed)
         if output is None and not live and serve is None:
             raise AvatarRenderError("Give an output file (-o), a live target (--live) or --serve.")
         options = LiveOptions(targets=tuple(live or ()), serve=serve, underrun=underrun, preroll_s=preroll,
-                              buffer_s=live_buffer, retry_s=live_retry, gop_seconds=live_gop, linger_s=serve_linger)
+                              buffer_s=live_buffer, retry_s=live_retry, linger_s=serve_linger)
         from avatar_render.io.audio_stream import is_stream
 
         source = audio if is_stream(audio) else Path(audio)

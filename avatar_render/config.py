@@ -18,15 +18,14 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from avatar_render.backends import BACKENDS, SR_MODES, backend, sr_mode
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import shown
 from avatar_render.files.read import regular_file
 
-BACKENDS = ("preview", "infinitetalk")
 MODEL_SIZES = ("tiny", "14b")
 DTYPES = ("float32", "bfloat16", "float16")
 CONTEXT_MODES = ("latents", "reencode")
-SR_MODES = ("none", "vae2x", "swiftvr")
 SR_FIDELITY = ("lowres", "vae2x")
 COMPILE_MODES = ("none", "blocks")
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
@@ -45,8 +44,8 @@ class VideoConfig:
     crf: int = 20  # libx264 constant rate factor: 0 lossless .. 51 worst
     preset: str = "veryfast"  # libx264 speed/size trade-off
     audio_bitrate: int = 128_000  # AAC bits per second
-    gop_seconds: float = 10.0  # a keyframe (and a fresh encoder) at the first chunk start this long after the last:
-    #   where a stopped render resumes
+    gop_seconds: float = 0.0  # a keyframe (and a fresh encoder) at the first chunk start this long after the last:
+    #   where a stopped render resumes, an HLS segment; 0: 10 s for a file, 2 s for a live render (--live, --serve)
 
 
 @dataclass(frozen=True)
@@ -210,14 +209,14 @@ class Config:
         m, v = self.model, self.video
         if m.gen_width:
             return m.gen_width, m.gen_height
-        if m.sr == "none":
+        if not sr_mode(m.sr).upscales:
             return v.width, v.height
         return max(16, v.width // 2 // 16 * 16), max(16, v.height // 2 // 16 * 16)
 
     @property
     def fps(self) -> Fraction:
         """The output frame rate of the selected backend, exact (29.97 becomes 30000/1001)."""
-        fps = self.preview.fps if self.backend == "preview" else self.model.fps
+        fps = getattr(self, backend(self.backend).section).fps
         ntsc = round(fps * 1.001)
         if abs(fps - round(fps)) > 1e-6 and abs(fps - ntsc / 1.001) < 0.005:
             return Fraction(ntsc * 1000, 1001)
@@ -362,7 +361,8 @@ def validate(cfg: Config) -> None:
          "times video.height must not exceed 4096x4096"),
         (0 <= cfg.video.crf <= 51, "video.crf", "must be between 0 and 51"),
         (8_000 <= cfg.video.audio_bitrate <= 512_000, "video.audio_bitrate", "must be between 8000 and 512000"),
-        (0.04 <= cfg.video.gop_seconds <= 3600, "video.gop_seconds", "must be between 0.04 and 3600"),
+        (cfg.video.gop_seconds == 0 or 0.04 <= cfg.video.gop_seconds <= 3600, "video.gop_seconds",
+         "must be 0 (10 s for a file, 2 s live) or between 0.04 and 3600"),
         (cfg.chunk.chunk_frames >= 1, "chunk.chunk_frames", "must be at least 1"),
         (cfg.chunk.context_frames >= 0, "chunk.context_frames", "must not be negative"),
         (cfg.chunk.transition_frames >= 0, "chunk.transition_frames", "must not be negative"),
@@ -411,7 +411,7 @@ def validate(cfg: Config) -> None:
          "must be 0 or a multiple of 16"),
         ((cfg.model.gen_width == 0) == (cfg.model.gen_height == 0), "model.gen_width",
          "and model.gen_height must be set together"),
-        (cfg.model.sr != "none"
+        (cfg.model.sr not in SR_MODES or SR_MODES[cfg.model.sr].upscales
          or cfg.model.gen_width in (0, cfg.video.width) and cfg.model.gen_height in (0, cfg.video.height),
          "model.gen_width",
          "and model.gen_height must equal video.width and video.height (or be 0) with model.sr=none"),

@@ -4,6 +4,7 @@ every import points down the layers that docs/architecture.md describes."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "avatar_render"
@@ -12,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "avatar_render"
 LAYERS = (
     ("errors",),  # the core: the user-facing error type,
     ("files",),  # the files a render reads (checked before they are opened) and writes (only its own)
+    ("backends",),  # the registry: each backend and SR mode declared once, its code imported when asked for
     ("config", "telemetry", "progress"),  # the typed config, the render's measurements, progress lines
     ("distributed",),  # a leaf the api calls: meshes, launches, sharding
     ("pipeline",),  # the tiers: Module, Stage, Pipeline, the chunk plan and the rolling state
@@ -105,9 +107,9 @@ def test_the_checks_see_a_cycle_an_upward_import_and_a_room_knowing_too_much(tmp
     (fake / "io" / "b.py").write_text("from avatar_render.io import a\nfrom avatar_render.api import render\n")
     (fake / "api.py").write_text("")
     (fake / "models").mkdir()
-    (fake / "models" / "net.py").write_text("from avatar_render.distributed.mesh import Mesh\n")
+    (fake / "models" / "net.py").write_text("from avatar_render.distributed.device_mesh import Mesh\n")
     (fake / "distributed").mkdir()
-    (fake / "distributed" / "mesh.py").write_text("")
+    (fake / "distributed" / "device_mesh.py").write_text("")
     (fake / "job").mkdir()
     (fake / "job" / "stop.py").write_text("")
     (fake / "batch").mkdir()
@@ -124,7 +126,7 @@ def test_the_checks_see_a_cycle_an_upward_import_and_a_room_knowing_too_much(tmp
     try:
         test_rooms_import_nothing_they_must_not_know()
     except AssertionError as e:
-        assert "avatar_render.models.net -> avatar_render.distributed.mesh" in str(e)
+        assert "avatar_render.models.net -> avatar_render.distributed.device_mesh" in str(e)
         assert "avatar_render.batch.pool -> avatar_render.job.stop" in str(e)
     else:
         raise AssertionError("the model importing distributed and the batch importing job were not seen")
@@ -254,5 +256,176 @@ def _scan_outside(module: Path, root: Path) -> list[str]:
     saved, PACKAGE = PACKAGE, root
     try:
         return sorted(file_writes(module), key=lambda w: (int(w.split(":")[1].split(" ")[0]), 0))
+    finally:
+        PACKAGE = saved
+
+
+def _registered_names() -> set[str]:
+    from avatar_render.backends import BACKENDS
+
+    return set(BACKENDS)
+
+
+def name_compares(path: Path, names: set[str]) -> list[str]:
+    """``file:line`` for each place in ``path`` that asks a backend's name instead of the registry: a
+    comparison with a backend's name (``cfg.backend == "preview"``, ``in ("preview", ...)``), a table keyed
+    by one (``{"infinitetalk": 1}``), or an SR mode compared by name (``m.sr == "none"``)."""
+    def named(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in node.elts)
+
+    def sr(node: ast.AST) -> bool:
+        return getattr(node, "attr", None) == "sr" or getattr(node, "id", None) == "sr"
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+        keys = node.keys if isinstance(node, ast.Dict) else []
+        if any(named(s) for s in sides) or any(k is not None and named(k) for k in keys) or (
+                any(sr(s) for s in sides) and any(isinstance(s, (ast.Constant, ast.Tuple, ast.List, ast.Set))
+                                                  for s in sides)):
+            found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    return found
+
+
+def test_only_the_registry_knows_the_backends_by_name():
+    """A backend is asked what it needs (``backends.backend(name)``), never recognised by its name: adding
+    one is its room and one registration in ``avatar_render/backends.py``."""
+    names = _registered_names()
+    seen = [f for p in sorted(PACKAGE.rglob("*.py")) if p.name != "backends.py" or p.parent != PACKAGE
+            for f in name_compares(p, names)]
+    assert not seen, "backend or SR mode names compared outside avatar_render/backends.py: " + ", ".join(seen)
+
+
+def test_the_name_scan_sees_each_kind_of_name_compare(tmp_path):
+    """The scan above can fail: each way of recognising a backend by name, and look-alikes it leaves."""
+    module = tmp_path / "m.py"
+    module.write_text(
+        "a = cfg.backend == 'preview'\nb = cfg.backend in ('preview', 'other')\nc = {'infinitetalk': 1}\n"
+        "d = m.sr != 'none'\ne = 'swiftvr' == sr\n"
+        "f = backend(cfg.backend).gpu\ng = cfg.backend == own.name\nh = {'x': 'preview'}\n"
+        "i = m.sr_fidelity == 'vae2x'\nbackend: str = 'preview'\n")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, tmp_path
+    try:
+        found = name_compares(module, {"preview", "infinitetalk"})
+    finally:
+        PACKAGE = saved
+    assert [f.rsplit("/", 1)[-1] for f in found] == ["m.py:1", "m.py:2", "m.py:3", "m.py:4", "m.py:5"], found
+
+
+# The maps of the rooms in the docs are read from LAYERS above, the one source of truth: the diagram of
+# docs/architecture.md (one layer a line, top first) and the README's list (each bullet's rooms before its colon).
+ROOT = PACKAGE.parent
+_ROOM_WORD = re.compile(r"[a-z_]+")
+
+
+def package_rooms(package: Path) -> set[str]:
+    return {p.stem if p.is_file() else p.name for p in package.iterdir()
+            if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and any(p.glob("*.py")))}
+
+
+def diagram_layers(text: str) -> list[tuple[str, ...]]:
+    """The layers of the first code block, top first: each line's rooms are its words before the
+    description (columns two spaces apart); a line that starts with spaces continues the one above."""
+    block = text.split("```", 2)[1].split("\n", 1)[1]
+    layers: list[tuple[str, ...]] = []
+    for line in block.splitlines():
+        fields = re.split(r"\s{2,}", line.strip())
+        rooms = tuple(f for f in fields[:-1] if _ROOM_WORD.fullmatch(f))
+        if line.startswith(" ") and layers:
+            layers[-1] += rooms
+        elif rooms:
+            layers.append(rooms)
+    return layers
+
+
+def readme_rooms(text: str) -> list[tuple[str, ...]]:
+    """The rooms of each bullet of the README's package list: the `names` before the first colon."""
+    section = text.split("The package, from the bottom layer up", 1)[1].split(":\n", 1)[1].strip().split("\n\n", 1)[0]
+    bullets = [b for b in re.split(r"\n(?=\* )", section) if b.startswith("* ")]
+    return [tuple(n.rstrip("/").removesuffix(".py") for n in re.findall(r"`([^`]+)`", b.split(": ", 1)[0]))
+            for b in bullets]
+
+
+def map_faults(layers: tuple[tuple[str, ...], ...], rooms: set[str], diagram: list[tuple[str, ...]],
+               readme: list[tuple[str, ...]]) -> list[str]:
+    shown = tuple(t for t in (tuple(r for r in layer if r != "__main__") for layer in layers) if t)
+    faults = [f"LAYERS names {r}, which the package does not have" for layer in layers for r in layer
+              if r not in rooms]
+    if tuple(reversed(diagram)) != shown:
+        faults.append(f"docs/architecture.md's diagram {list(reversed(diagram))} is not LAYERS {list(shown)}")
+    rank = {r: i for i, layer in enumerate(shown) for r in layer}
+    named = [r for bullet in readme for r in bullet]
+    faults += [f"the README names {r}, which is no room" for r in named if r not in rank]
+    faults += [f"the README leaves out {r}" for r in sorted(set(rank) - set(named))]
+    ranks = [rank[r] for r in named if r in rank]
+    if ranks != sorted(ranks):
+        faults.append(f"the README's list is not from the bottom layer up: {named}")
+    return faults
+
+
+def test_the_docs_map_the_rooms_the_layers_have():
+    faults = map_faults(LAYERS, package_rooms(PACKAGE), diagram_layers((ROOT / "docs" / "architecture.md").read_text()),
+                        readme_rooms((ROOT / "README.md").read_text()))
+    assert not faults, "; ".join(faults)
+
+
+def test_the_map_check_sees_a_room_missing_or_made_up():
+    """The check above can fail: maps that name a room the package lacks, miss one, or mix the order."""
+    layers = (("errors",), ("io", "face"), ("cli",), ("__main__",))
+    rooms = {"errors", "io", "face", "cli", "__main__"}
+    diagram = diagram_layers("x\n```\ncli     the app\nio   face   media; the face\nerrors    the error\n```\n")
+    readme = readme_rooms("The package, from the bottom layer up (each):\n\n* `errors.py`: e.\n* `io/`, `face/`: m.\n"
+                          "* `cli.py`: c.\n\nNext.")
+    assert map_faults(layers, rooms, diagram, readme) == []
+    assert map_faults(layers, rooms - {"face"}, diagram, readme) == [
+        "LAYERS names face, which the package does not have"]
+    assert "is not LAYERS" in map_faults(layers, rooms, diagram[:1] + diagram[2:], readme)[0]
+    assert map_faults(layers, rooms, diagram, readme[:1] + [("io",), ("cli", "web")]) == [
+        "the README names web, which is no room", "the README leaves out face"]
+    assert "not from the bottom layer up" in map_faults(layers, rooms, diagram, readme[::-1])[0]
+
+
+def exception_faults(path: Path, *, errors_module: bool) -> list[str]:
+    """``file:line Name`` for each exception class in ``path`` off the rule of errors.py: an error's name ends
+    in ``Error`` and it lives in errors.py (nothing else does); any other exception class is a control-flow
+    signal that derives from ``Exception`` or ``BaseException`` only."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+        exception = node.name.endswith("Error") or any(b.endswith(("Error", "Exception")) for b in bases)
+        where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}"
+        if errors_module and not node.name.endswith("Error"):
+            found.append(where)
+        elif not errors_module and exception and (
+                node.name.endswith("Error") or any(b not in ("Exception", "BaseException") for b in bases)):
+            found.append(where)
+    return found
+
+
+def test_errors_live_in_errors_py_and_signals_are_not_errors():
+    faults = [f for p in sorted(PACKAGE.rglob("*.py"))
+              for f in exception_faults(p, errors_module=p == PACKAGE / "errors.py")]
+    assert not faults, "exception classes off the rule of avatar_render/errors.py: " + ", ".join(faults)
+
+
+def test_the_exception_scan_sees_an_error_outside_errors_py(tmp_path):
+    """The check above can fail: an error kind defined elsewhere, a signal named as an error, a signal
+    deriving from an error, and errors.py holding a class not named as an error."""
+    module = tmp_path / "m.py"
+    module.write_text("class CannotResume(AvatarRenderError): pass\nclass StageFailed(RuntimeError): pass\n"
+                      "class DecodeError(Exception): pass\nclass StopNow(BaseException): pass\n"
+                      "class Aborted(Exception): pass\nclass Item: pass\nclass Sub(Item): pass\n")
+    (tmp_path / "errors.py").write_text("class AvatarRenderError(Exception): pass\nclass Stop(Exception): pass\n")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, tmp_path / "pkg"
+    try:
+        assert [f.split(" ")[1] for f in exception_faults(module, errors_module=False)] == [
+            "CannotResume", "StageFailed", "DecodeError"]
+        assert [f.split(" ")[1] for f in exception_faults(tmp_path / "errors.py", errors_module=True)] == ["Stop"]
     finally:
         PACKAGE = saved

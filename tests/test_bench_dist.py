@@ -1,5 +1,6 @@
 """The stage-switch benchmark runs on the CPU with the tiny model and says its timings are not representative."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_bench_dist_prints_stage_times_and_switches():
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_dist.py"), "-c",
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "bench_dist.py"), "-c",
                           str(ROOT / "configs" / "tiny.yaml"),
-                          "--seconds", "1"], capture_output=True, text=True, timeout=300, check=True).stdout
+                          "--seconds", "1"], capture_output=True, text=True, timeout=300, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
     assert "devices: 1 x CPU (single process, sp=1); model: tiny" in out
     assert "NOT representative" in out
     rows = [line.split() for line in out.splitlines()]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from avatar_render.distributed.cfg_parallel import my_passes, slot, spare_replicas
-from avatar_render.distributed.mesh import Mesh
+from avatar_render.distributed.device_mesh import Mesh
 
 
 @pytest.mark.parametrize("passes", [1, 2, 3])

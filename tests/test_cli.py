@@ -34,6 +34,19 @@ def test_render_writes_mp4_and_report(tmp_path, face_png, speech):
     assert sum(c["end"] - c["start"] for c in rep["chunks"]) == 30
 
 
+
+def test_the_old_live_gop_option_sets_the_one_keyframe_knob_and_says_so(tmp_path, face_png, speech):
+    """--live-gop and video.gop_seconds were two knobs for one keyframe interval: the old option is now a
+    hidden alias of the config key (a warning names the key), and an unset key gives a file 10 s GOPs."""
+    out, report = tmp_path / "o.mp4", tmp_path / "r.json"
+    done = cli("render", "--ref", face_png, "--audio", speech, "-o", out, "--report", report, "video.width=96",
+               "video.height=96", "--live-gop", "0.5")
+    assert done.returncode == 0, done.stderr
+    assert "pass video.gop_seconds=0.5 instead" in " ".join(done.stderr.split())
+    assert json.loads(report.read_text())["config"]["video"]["gop_seconds"] == 0.5
+    assert "--live-gop" not in cli("render", "--help").stdout
+
+
 @pytest.mark.slow
 def test_bad_inputs(tmp_path, face_png, speech):
     text_png = tmp_path / "notes.png"

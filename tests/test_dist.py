@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import save_file
 
 from avatar_render.config import load_config
+from avatar_render.distributed.device_mesh import Launch, pick_device, resolve_device
 from avatar_render.distributed.launch import session
-from avatar_render.distributed.mesh import Launch, pick_device
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.components import architectures
 from tests.media import speech_like, write_audio
@@ -231,6 +231,12 @@ def test_the_models_device_setting_chooses_the_backend(monkeypatch):
     assert pick_device(launch, "auto") == (torch.device("cpu"), "gloo")
     with pytest.raises(AvatarRenderError, match="no CUDA device"):
         pick_device(launch, "cuda")
+    # the models' device: the setting read by the same function, the launch's GPU taken for all but the CPU
+    assert resolve_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cuda:1", torch.device("cuda", 3)) == torch.device("cuda", 3)
+    assert resolve_device("cpu", torch.device("cuda", 3)) == torch.device("cpu")
 
 
 def test_dist_config_keys_are_validated():

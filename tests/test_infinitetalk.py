@@ -115,7 +115,7 @@ def test_every_module_ends_on_its_device(weights, model_folder):
 
 
 def test_encoders_that_run_once_are_freed_after_init_and_load_again(face_png):
-    from avatar_render.distributed.mesh import single
+    from avatar_render.distributed.device_mesh import single
     from avatar_render.io.reference import load_reference
     from avatar_render.job.setup import build_pipeline
     from avatar_render.pipeline.module import Placement

@@ -9,9 +9,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from avatar_render.errors import AvatarRenderError
+from avatar_render.errors import AvatarRenderError, StageError
 from avatar_render.pipeline.module import Module
-from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline, StageFailed
+from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.state import Checkpoint
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment
@@ -258,7 +258,7 @@ def test_resume_from_every_checkpoint_with_a_lead_and_a_short_first_chunk():
 
 
 @pytest.mark.parametrize("error,kind",
-                         [(ValueError("bad shape"), StageFailed),
+                         [(ValueError("bad shape"), StageError),
                           (AvatarRenderError("Out of disk."), AvatarRenderError)])
 def test_a_failing_stage_is_named_with_its_chunk(error, kind):
     class Failing(Decode):

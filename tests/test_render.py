@@ -12,7 +12,7 @@ from PIL import Image
 
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
-from avatar_render.job.output import partial_path
+from avatar_render.files.render_paths import render_paths
 from tests.media import speech_like, write_audio
 
 SMALL = ("video.width=128", "video.height=128", "chunk.chunk_frames=20")
@@ -60,7 +60,7 @@ def test_formats_frame_count_and_audio(tmp_path, face_png, suffix, rate, channel
     assert video_rate == fps_exact
     assert abs(audio_s - n_in / in_rate) <= 1 / float(fps_exact)
     assert frames.shape[1:] == (128, 128, 3)
-    assert not partial_path(out).exists()
+    assert not render_paths(out).partial.exists()
 
 
 @pytest.mark.parametrize("kind", ["rgba_png", "gray_jpg", "webp", "odd_bmp", "video"])

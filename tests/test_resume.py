@@ -19,13 +19,13 @@ import pytest
 
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
-from avatar_render.distributed.mesh import single
+from avatar_render.distributed.device_mesh import single
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.render_paths import render_paths
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import load_reference
 from avatar_render.io.writer import WriterPosition, replay_start
-from avatar_render.job.journal import Commit, Journal, journal_path, read_safetensors, write_safetensors
-from avatar_render.job.output import partial_path
+from avatar_render.job.journal import Commit, Journal, read_safetensors, write_safetensors
 from avatar_render.job.resume import replay_audio
 from avatar_render.job.setup import build_pipeline
 from avatar_render.job.stop import RenderStopped
@@ -135,7 +135,7 @@ def assert_same_as_reference(d: Path, name: str, reference) -> None:
     assert got_frames == frames == int(np.ceil(SECONDS * 25))
     assert got_audio.shape == audio.shape  # same duration, to the sample
     assert np.abs(got_audio - audio).max() < 0.03  # AAC noise only: no gap, click or shift at the join
-    assert not partial_path(d / f"{name}.mp4").exists() and not journal_path(d / f"{name}.mp4").exists()
+    assert not render_paths(d / f"{name}.mp4").partial.exists() and not render_paths(d / f"{name}.mp4").journal.exists()
 
 
 # -- the state codec -----------------------------------------------------------------------------
@@ -365,7 +365,7 @@ def api_render(d: Path, face: Path, audio: Path, name: str, *overrides, **kw):
 def interrupted(d: Path, face: Path, audio: Path, name: str) -> int:
     with pytest.raises(RenderStopped) as stopped:
         api_render(d, face, audio, name, should_stop=stop_after(5))
-    assert stopped.value.frames > 0 and partial_path(d / name).exists()
+    assert stopped.value.frames > 0 and render_paths(d / name).partial.exists()
     return stopped.value.frames
 
 
@@ -383,7 +383,7 @@ def test_resume_refuses_other_inputs_or_config(work, face_png, tmp_path):
     other = write_audio(tmp_path / "other.wav", speech_like(SECONDS, 16000, seed=4), 16000)
     with pytest.raises(AvatarRenderError, match=r"the audio 'other.wav' is not the file it was started with"):
         api_render(tmp_path, face_png, other, "o.mp4", resume=True)
-    with Journal.open(journal_path(tmp_path / "o.mp4"), create=False):  # as if another process rendered it
+    with Journal.open(render_paths(tmp_path / "o.mp4").journal, create=False):  # as if another process rendered it
         with pytest.raises(AvatarRenderError, match="Another avatar-render process"):
             api_render(tmp_path, face_png, audio, "o.mp4", resume=True)
     assert (tmp_path / "o.partial.mp4").read_bytes() == before and not (tmp_path / "o.mp4").exists()
@@ -404,7 +404,7 @@ def test_damaged_partial_or_journal_is_refused_then_force_starts_over(work, face
     partial.write_bytes(partial.read_bytes()[:2000])
     with pytest.raises(AvatarRenderError, match="does not match its journal.*--force"):
         api_render(tmp_path, face_png, audio, "b.mp4", resume=True)
-    (journal_path(tmp_path / "b.mp4") / "journal.json").write_text("{ not json")
+    (render_paths(tmp_path / "b.mp4").journal / "journal.json").write_text("{ not json")
     with pytest.raises(AvatarRenderError, match="journal is damaged.*--force"):
         api_render(tmp_path, face_png, audio, "b.mp4", resume=True)
     with pytest.raises(AvatarRenderError, match="journal is damaged; pass --force"):
@@ -427,7 +427,7 @@ def test_resume_with_nothing_to_resume_starts_afresh(work, face_png, tmp_path):
 def test_journal_is_cheap_and_small(work, face_png, tmp_path):
     _, audio, _, _ = work
     interrupted(tmp_path, face_png, audio, "c.mp4")
-    files = {p.name: p.stat().st_size for p in journal_path(tmp_path / "c.mp4").iterdir()}
+    files = {p.name: p.stat().st_size for p in render_paths(tmp_path / "c.mp4").journal.iterdir()}
     assert set(files) == {"journal.json", "chunks.jsonl", "lock", ".avatar-render-journal",
                           next(n for n in files if n.startswith("state-"))}
     assert sum(files.values()) < 16_000  # identity, one line per chunk and the preview's small state
@@ -469,20 +469,21 @@ def test_diffusion_loop_resumes_exactly_and_checkpoints_hold_latents_not_the_dec
 
 
 def test_resume_under_other_live_options_is_refused_as_its_keyframes_would_change(work, face_png, tmp_path):
-    """A live render has keyframes every --live-gop; resumed without its live options the file's GOP would
-    change at the resume point: refused in one sentence (the dry run says the same), then resumed with them."""
-    from avatar_render.job.types import LiveOptions
+    """With video.gop_seconds unset a live render has a keyframe every 2 s and a file every 10 s; resumed
+    without its live options the file's GOP would change at the resume point: refused in one sentence (the
+    dry run says the same), then resumed with them."""
+    from avatar_render.job.request import LiveOptions
 
     _, audio, _, _ = work
     (tmp_path / "hls").mkdir()
-    live = LiveOptions(targets=(str(tmp_path / "hls" / "live.m3u8"),), gop_seconds=0.5)
+    live = LiveOptions(targets=(str(tmp_path / "hls" / "live.m3u8"),))
     with pytest.raises(RenderStopped):
-        api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=10", live=live, should_stop=stop_after(5))
-    words = r"keyframe every 0.5 s and would now have one every 10 s .*resume with the live options it was started"
+        api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=0", live=live, should_stop=stop_after(0))
+    words = r"keyframe every 2 s and would now have one every 10 s .*resume with the live options it was started"
     with pytest.raises(AvatarRenderError, match=words):
-        api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=10", resume=True)
+        api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=0", resume=True)
     done = cli("render", "--ref", face_png, "--audio", audio, "-o", tmp_path / "l.mp4", "--resume", "--dry-run",
-               *SMALL, "video.gop_seconds=10", cwd=tmp_path)
+               *SMALL, "video.gop_seconds=0", cwd=tmp_path)
     assert done.returncode == 1 and "would now have one every 10 s" in one_error_line(done)
-    report, _ = api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=10", resume=True, live=live)
+    report, _ = api_render(tmp_path, face_png, audio, "l.mp4", "video.gop_seconds=0", resume=True, live=live)
     assert report.resumed_frames > 0 and report.frames == 75

@@ -154,7 +154,7 @@ def test_speech_pushed_in_pieces_with_gaps_shows_an_idle_face_between_them(tmp_p
     pcm = _pcm(2.0)
     port = free_port()
     session = subprocess.Popen(
-        render_cmd("--audio", "post:", "--serve", f"127.0.0.1:{port}", "--serve-linger", "0", "--live-gop", "10",
+        render_cmd("--audio", "post:", "--serve", f"127.0.0.1:{port}", "--serve-linger", "0", "video.gop_seconds=10",
                    "-o", str(tmp_path / "s.mp4"), "--report", str(tmp_path / "s.json"), "-q",
                    "audio.raw=s16le:16000:1"),
         stderr=subprocess.PIPE, env=env())

@@ -9,8 +9,7 @@ import signal
 
 import pytest
 
-from avatar_render.job.journal import journal_path
-from avatar_render.job.output import partial_path
+from avatar_render.files.render_paths import render_paths
 from avatar_render.job.stop import RenderStopped, StopNow, StopSignals
 from tests.test_resume import api_render, assert_same_as_reference, cli, decode, driver, render_args, work  # noqa: F401
 
@@ -18,7 +17,7 @@ DELAY = 0.02  # seconds per decode call, so that the signal lands while the rend
 
 
 def committed_frames(d, name: str) -> int:
-    return json.loads((journal_path(d / name) / "journal.json").read_text())["commit"]["frames"]
+    return json.loads((render_paths(d / name).journal / "journal.json").read_text())["commit"]["frames"]
 
 
 def plan_end(hashes_report, call: int) -> int:
@@ -41,7 +40,7 @@ def test_first_signal_finishes_the_chunk_and_keeps_a_resumable_file(work, face_p
     done = driver([6], sig, *render_args(face_png, audio, f"{name}.mp4"), cwd=d, delay=DELAY)
     assert done.returncode == code
     frames = plan_end(d / "ref.json", 6)
-    partial = partial_path(d / f"{name}.mp4")
+    partial = render_paths(d / f"{name}.mp4").partial
     first = {signal.SIGINT: "stopping at the next keyframe; press Ctrl-C again to stop at once.",
              signal.SIGTERM: "SIGTERM received: stopping at the next keyframe; a second SIGTERM (or Ctrl-C) stops at "
                              "once."}[sig]
@@ -68,7 +67,7 @@ def test_second_ctrl_c_stops_at_once(work, face_png):
     frames = committed_frames(d, "twice.mp4")
     assert lines[-1] == ("Warning: Stopped at once: 'twice.partial.mp4' plays up to its last complete chunk; run the "
                          f"same command with --resume to continue from frame {frames} ({frames / 25:.1f} s).")
-    in_file = decode(partial_path(d / "twice.mp4"))[0]  # readable to its last whole fragment
+    in_file = decode(render_paths(d / "twice.mp4").partial)[0]  # readable to its last whole fragment
     assert frames <= in_file < plan_end(d / "ref.json", 6)
     resumed = cli(*render_args(face_png, audio, "twice.mp4", "--resume", "--report", "twice.json"), cwd=d)
     assert resumed.returncode == 0, resumed.stderr

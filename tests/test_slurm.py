@@ -1,4 +1,4 @@
-"""A real Slurm run: scripts/slurm_check.sh starts a single-node Slurm from the OS packages, submits the
+"""A real Slurm run: scripts/slurm/slurm_check.sh starts a single-node Slurm from the OS packages, submits the
 batch example as an array over a manifest and checks the outputs (each job rendered by one task, the
 second submission skipping all of them)."""
 
@@ -36,7 +36,7 @@ def free_ports(n: int) -> list[int]:
 def test_slurm_array_over_a_manifest(tmp_path):
     ctld, slurmd = free_ports(2)
     done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "slurm_check.sh"), str(tmp_path)],
+        ["bash", str(ROOT / "scripts" / "slurm" / "slurm_check.sh"), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=600,

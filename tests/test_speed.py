@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from avatar_render.config import load_config
-from avatar_render.distributed.mesh import single
+from avatar_render.distributed.device_mesh import single
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.components import architectures
 from avatar_render.io.audio import AudioReader

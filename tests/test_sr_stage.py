@@ -14,11 +14,11 @@ import torch
 
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
-from avatar_render.distributed.mesh import single
+from avatar_render.distributed.device_mesh import single
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.sr import SRStage, to_unit, unit_to_uint8, upscale
 from avatar_render.infinitetalk.sr_guard import FaceGuard, GuardSettings, TrackState
-from avatar_render.infinitetalk.types import Decoded
+from avatar_render.infinitetalk.stage_io import Decoded
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import load_reference
 from avatar_render.job.setup import build_pipeline as build_for

@@ -3,7 +3,6 @@ redone), inspect against the source, refusals, the tiny diffusion backend, resum
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import subprocess
@@ -30,22 +29,20 @@ from avatar_render.metrics.inspect import SOURCE_FRAME, inspect_video
 from avatar_render.metrics.summary import summary_rows
 from avatar_render.pipeline.types import ChunkInput
 from avatar_render.preview.engine import build_preview
+from tests import reference_video
 from tests.media import speech_like, write_audio
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = ("video.width=128", "video.height=128")
-_spec = importlib.util.spec_from_file_location("make_reference_video", ROOT / "scripts" / "make_reference_video.py")
-make_reference_video = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make_reference_video)
 
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory):
     """A 2 s take (the example face, panned and zoomed, 25 fps), a 30 fps one, a sideways phone one, and speech."""
     d = tmp_path_factory.mktemp("video_ref")
-    make_reference_video.make_video(d / "take.mp4", seconds=2.0, width=240, height=180, fps=25)
-    make_reference_video.make_video(d / "take30.mp4", seconds=1.0, width=240, height=180, fps=30)
-    make_reference_video.make_video(d / "phone.mp4", seconds=0.5, width=180, height=240, fps=25, rotate=90)
+    reference_video.make_video(d / "take.mp4", seconds=2.0, width=240, height=180, fps=25)
+    reference_video.make_video(d / "take30.mp4", seconds=1.0, width=240, height=180, fps=30)
+    reference_video.make_video(d / "phone.mp4", seconds=0.5, width=180, height=240, fps=25, rotate=90)
     write_audio(d / "long.wav", speech_like(4.4, 16000, seed=2), 16000)
     write_audio(d / "short.wav", speech_like(1.0, 16000, seed=4), 16000)
     write_audio(d / "silence.wav", np.zeros((1, 32000), np.float32), 16000)
@@ -129,7 +126,7 @@ def test_a_rotated_phone_video_is_turned_upright(media):
             and (video.info.width, video.info.height) == (180, 240))
     _, frame = next(SourceFrames(video.info).read([3]))
     assert frame.shape == (240, 180, 3)
-    want = make_reference_video.camera_frame(np.asarray(Image.open(make_reference_video.FACE).convert("RGB")),
+    want = reference_video.camera_frame(np.asarray(Image.open(reference_video.FACE).convert("RGB")),
                                              0.0, 180, 240)
     assert np.abs(first.astype(int) - want).mean() < 8  # (upright: turned the other way it is ~100 off)
 
@@ -158,7 +155,7 @@ def test_the_dubbed_mouth_follows_the_new_speech(media, tmp_path):
     """A take held still (so the mouth is measured where it is): the dub's mouth moves with the new
     audio's loudness, from the take's own quietest moment as the rest."""
     still = tmp_path / "still.mp4"
-    frame = make_reference_video.camera_frame(np.asarray(Image.open(make_reference_video.FACE).convert("RGB")),
+    frame = reference_video.camera_frame(np.asarray(Image.open(reference_video.FACE).convert("RGB")),
                                               0.0, 240, 180)
     with av.open(str(still), "w") as c:
         s = c.add_stream("libx264", rate=25)
@@ -217,7 +214,7 @@ def test_the_source_mouth_motion_is_taken_out(media, tmp_path):
 
 def test_a_video_with_few_faces_is_refused(tmp_path):
     path = tmp_path / "mostly_wall.mp4"
-    make_reference_video.make_video(path, seconds=2.0, width=160, height=120, fps=25)
+    reference_video.make_video(path, seconds=2.0, width=160, height=120, fps=25)
     frames = frames_of(path)
     with av.open(str(path), "w") as c:  # the face for the first 0.4 s only, then a grey wall
         s = c.add_stream("libx264", rate=25)
@@ -304,7 +301,7 @@ def test_tiny_diffusion_backend_conditions_each_chunk_on_its_source_frame(media)
     pytest.importorskip("torch")
     import torch
 
-    from avatar_render.distributed.mesh import single
+    from avatar_render.distributed.device_mesh import single
     from avatar_render.job.setup import build_pipeline
 
     cfg = load_config(ROOT / "configs" / "tiny.yaml")

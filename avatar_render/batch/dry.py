@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from avatar_render.api import partial_path
+from avatar_render.api import render_paths
 from avatar_render.batch.run import BatchRequest, plan_batch
 from avatar_render.config import load_config
 from avatar_render.errors import AvatarRenderError
@@ -42,7 +42,7 @@ def dry_run_batch(request: BatchRequest) -> tuple[JobPlan, ...]:
         if decision.action == "refuse":
             plans.append(JobPlan(job.name, "fail", decision.reason, frames))
             continue
-        resumes = not decision.force and partial_path(job.output).exists()
+        resumes = not decision.force and render_paths(job.output).partial.exists()
         try:
             cfg = load_config(config, request.overrides + job.overrides)
             open_reference(job.reference, fps=cfg.fps, timing=cfg.reference.timing)

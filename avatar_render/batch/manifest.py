@@ -21,12 +21,12 @@ from avatar_render.batch.jobs import Job
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import shown
 from avatar_render.files.read import parse_json, read_text, regular_file
+from avatar_render.files.render_paths import EXTRA_BYTES
 from avatar_render.files.targets import TEMP_EXTRA, inside
 
 MANIFEST_SUFFIXES = frozenset({".csv", ".jsonl", ".ndjson"})
 COLUMNS = ("ref", "audio", "output", "overrides", "prompt")
 CELL_LIMIT = 64 << 10  # no path, override list or prompt is longer than this
-_RENDER_EXTRA = len(".partial") + len(".journal")  # the names a render writes beside its output
 
 
 def read_manifest(path: Path, *, out_dir: Path) -> tuple[Job, ...]:
@@ -136,7 +136,7 @@ def _job(row: dict[str, Any], *, where: str, base: Path, out_dir: Path) -> Job:
 def _output(output: str, *, where: str, out_dir: Path) -> Path:
     """The output's absolute path: inside ``out_dir``, every part of it a name the system can take."""
     too_long = next((part for part in Path(output).parts
-                     if len(os.fsencode(part)) + _RENDER_EXTRA + TEMP_EXTRA > 255), None)
+                     if len(os.fsencode(part)) + EXTRA_BYTES + TEMP_EXTRA > 255), None)
     if too_long is not None:
         raise AvatarRenderError(f"{where}: the output {shown(output[:60] + '...')} has a name too long for a file "
                                 "(with the names written beside it, at most about 230 bytes).")

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import avatar_render.batch.ledger as ledger_mod
-from avatar_render.api import partial_path
+from avatar_render.api import render_paths
+from avatar_render.backends import backend
 from avatar_render.batch.events import JobFinished, OnEvent, Planned
 from avatar_render.batch.jobs import Job, JobSpec, Outcome
 from avatar_render.batch.ledger import Decision, Ledger, batch_dir, own_batch_dir, own_folder
@@ -109,7 +110,7 @@ def plan_batch(request: BatchRequest) -> BatchPlan:
         ident = ledger_mod.identity(ledger_mod.config_digest(configs[job.overrides]), ref_fp, audio_fp)
         identities[job.key] = {"identity": ident, "reference_fp": ref_fp, "audio_fp": audio_fp}
         decisions[job.key] = ledger.decide(
-            job, ident, partial_exists=partial_path(job.output).exists(), force=request.force
+            job, ident, partial_exists=render_paths(job.output).partial.exists(), force=request.force
         )
     return BatchPlan(
         jobs=jobs, unpaired=listed.unpaired, decisions=decisions, identities=identities, shard=shard, config=base,
@@ -159,7 +160,7 @@ def _run_locked(request: BatchRequest, plan: BatchPlan, locks: JobLocks, *, out:
                 continue
             # decided again now that the job is ours: another batch may have finished it meanwhile
             decision = ledger.decide(job, plan.identities[job.key]["identity"],
-                                     partial_exists=partial_path(job.output).exists(), force=request.force)
+                                     partial_exists=render_paths(job.output).partial.exists(), force=request.force)
         if decision.action == "skip":  # the figures of the run that rendered it, marked as such
             record = ledger.get(job) or {}
             kept = {
@@ -246,10 +247,10 @@ def _launcher(request: BatchRequest, cfg: Config, workers: int) -> Callable[...,
             run_on_ray,
             address=request.ray_address,
             cpus_per_job=request.cpus_per_job,
-            gpus_per_job=0.0 if cfg.backend == "preview" else 1.0,
+            gpus_per_job=1.0 if backend(cfg.backend).gpu else 0.0,
             retries=request.retries,
         )
-    devices = None if cfg.backend == "preview" else visible_gpus() or None
+    devices = visible_gpus() or None if backend(cfg.backend).gpu else None
     if devices is not None and len(devices) < workers * request.procs_per_job:
         raise AvatarRenderError(
             f"{workers} jobs of {request.procs_per_job} GPUs each need {workers * request.procs_per_job} GPUs; "
@@ -317,7 +318,7 @@ def _outcome(task: Task, final: dict, wall_s: float) -> Outcome:
 def default_workers(cfg: Config, procs_per_job: int = 1) -> int:
     """Jobs side by side when --jobs is not given: a CPU core each for the preview backend, else
     ``procs_per_job`` GPUs each (one job when no GPU is visible)."""
-    if cfg.backend == "preview":
+    if not backend(cfg.backend).gpu:
         return max(1, len(os.sched_getaffinity(0)) // procs_per_job)
     return max(1, len(visible_gpus()) // procs_per_job)
 

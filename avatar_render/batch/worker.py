@@ -29,7 +29,7 @@ Emit = Callable[[dict[str, Any]], None]
 def run_job(spec: JobSpec, *, emit: Emit, should_stop: Optional[Callable[[], bool]] = None) -> dict[str, Any]:
     """Render the job; returns the final event (done, failed or stopped). Unexpected errors are
     turned into a failure with their type and message (the traceback goes to stderr)."""
-    from avatar_render.api import RenderRequest, RenderStopped, partial_path, render
+    from avatar_render.api import RenderRequest, RenderStopped, render, render_paths
     from avatar_render.config import load_config
 
     def on_progress(p) -> None:
@@ -42,7 +42,7 @@ def run_job(spec: JobSpec, *, emit: Emit, should_stop: Optional[Callable[[], boo
         cfg = load_config(Path(spec.config) if spec.config else None, tuple(spec.overrides))
         force = spec.force
         # resume when the job left a partial render (else the api would say there is nothing to resume)
-        resume = spec.resume and partial_path(Path(spec.output)).exists()
+        resume = spec.resume and render_paths(Path(spec.output)).partial.exists()
         if spec.retry_marker is not None:
             marker = Path(spec.retry_marker)
             try:

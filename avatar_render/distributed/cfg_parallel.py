@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from avatar_render.distributed.mesh import Mesh
+from avatar_render.distributed.device_mesh import Mesh
 
 # How a step's guidance passes are evaluated: (pass names, run one pass) -> flow per pass (models.sampler).
 Evaluate = Callable[[Sequence[str], Callable[[str], torch.Tensor]], dict[str, torch.Tensor]]

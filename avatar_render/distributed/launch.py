@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
-from avatar_render.distributed.mesh import Launch, Mesh, build_mesh, pick_device, single
+from avatar_render.distributed.device_mesh import Launch, Mesh, build_mesh, pick_device, single
 from avatar_render.distributed.numa import Affinity, describe, gpu_bus_id, pin_near
 from avatar_render.errors import AvatarRenderError
 

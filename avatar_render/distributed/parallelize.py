@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from avatar_render.distributed.mesh import Mesh
+from avatar_render.distributed.device_mesh import Mesh
 
 
 def shard(net: nn.Module, blocks: Sequence[nn.Module], mesh: Mesh, *, offload: bool = False, prefetch: int = 1) -> None:

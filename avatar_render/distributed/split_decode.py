@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from avatar_render.distributed.mesh import Mesh
+from avatar_render.distributed.device_mesh import Mesh
 
 
 def strip(height: int, parts: int, index: int) -> tuple[int, int]:

@@ -153,7 +153,7 @@ class FaceMesh:
 def template_mesh(layout: FaceLayout) -> FaceMesh:
     """The template face placed on a layout: its eye centres on the layout's eyes, its lips on the layout's lips.
 
-    The template (``mesh_template.npy``, written by scripts/make_mesh_template.py) has closed lips and
+    The template (``mesh_template.npy``, written by scripts/fixtures/make_mesh_template.py) has closed lips and
     is normalised to eye centres at (-0.5, 0) and (0.5, 0).
     """
     t = np.load(_TEMPLATE).astype(np.float32)  # (468, 2)

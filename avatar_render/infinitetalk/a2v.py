@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from avatar_render.infinitetalk.types import AudioWindow, LatentChunk, ModelStatic
+from avatar_render.infinitetalk.stage_io import AudioWindow, LatentChunk, ModelStatic
 from avatar_render.models.grid import latent_of, latents_in
 from avatar_render.models.sampler import Evaluate, SamplerConfig, passes, sample, serial
 from avatar_render.models.vae import WanVae

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from avatar_render.config import ModelConfig
-from avatar_render.distributed.mesh import require_cuda
+from avatar_render.distributed.device_mesh import resolve_device
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.parallel import DiTPlan, block_stream
 from avatar_render.models.audio_encoder import TINY_WAV2VEC2, AudioEncoder
@@ -134,13 +134,6 @@ class Components:
     audio: AudioEncoder
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    require_cuda(name)
-    return torch.device(name)
-
-
 @dataclass(frozen=True)
 class Architectures:
     dit: DiTConfig
@@ -171,7 +164,7 @@ def make_components(m: ModelConfig, *, seed: int, parallel: Optional[DiTPlan] = 
     encoder (multi-process); ``device``: this process's GPU there;
     ``stream_dit`` > 0: keep the DiT's blocks in pinned host memory, each copied to the device
     that many blocks ahead of its forward."""
-    device = resolve_device(m.device) if device is None or resolve_device(m.device).type == "cpu" else device
+    device = resolve_device(m.device, device)
     dtype = getattr(torch, m.dtype)
     root = Path(m.root).expanduser() if m.root else None
     if root is not None and not root.is_dir():

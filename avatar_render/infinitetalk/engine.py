@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
+from avatar_render.backends import INFINITETALK
 from avatar_render.config import Config
 from avatar_render.distributed.cfg_parallel import spare_replicas, split_passes
-from avatar_render.distributed.mesh import Mesh
+from avatar_render.distributed.device_mesh import Mesh
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.a2v import A2VStage
 from avatar_render.infinitetalk.components import architectures, make_components
@@ -74,7 +75,7 @@ def build_infinitetalk(cfg: Config, mesh: Mesh) -> Pipeline:
                      evaluate=split_passes(mesh, serial) if cfg.dist.cfg_parallel else serial, sampler=sampler),
         ),
         decode=build_publish(cfg, comps, mesh),  # the decode, and the SR stage with model.sr
-        sizes=ChunkSizes(c.chunk_frames, c.context_frames, c.transition_frames, lead_frames=1,
+        sizes=ChunkSizes(c.chunk_frames, c.context_frames, c.transition_frames, lead_frames=INFINITETALK.lead_frames,
                          first_frames=c.first_frames),
         lead=reference_lead,  # frame 0 is the reference latent's: it goes out before N0 is sampled
         overlap_decode=cfg.run.overlap_decode,

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from avatar_render.config import DistConfig
-from avatar_render.distributed.mesh import Mesh
+from avatar_render.distributed.device_mesh import Mesh
 from avatar_render.distributed.parallelize import shard
 from avatar_render.distributed.sequence_parallel import apply_sequence_parallel
 from avatar_render.distributed.streaming import BlockStreamer

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
-
+from avatar_render.backends import sr_mode
 from avatar_render.config import Config
-from avatar_render.distributed.mesh import Mesh
+from avatar_render.distributed.device_mesh import Mesh, resolve_device
 from avatar_render.distributed.parallelize import shard
 from avatar_render.distributed.split_decode import RowSplit
-from avatar_render.infinitetalk.components import Components, resolve_device
+from avatar_render.infinitetalk.components import Components
 from avatar_render.infinitetalk.sr import SRStage
 from avatar_render.infinitetalk.sr_components import make_sr_components
 from avatar_render.infinitetalk.sr_decode import FidelityDecode, PixelDecode
@@ -33,14 +32,9 @@ from avatar_render.pipeline.chain import StageChain
 from avatar_render.pipeline.stage import Stage
 
 
-def _device(cfg: Config, mesh: Mesh) -> torch.device:
-    own = resolve_device(cfg.model.device)
-    return mesh.device if mesh.distributed and own.type != "cpu" else own
-
-
 def build_publish(cfg: Config, comps: Components, mesh: Mesh) -> Stage:
-    m, dist = cfg.model, cfg.dist
-    if m.sr == "none":
+    m, dist, mode = cfg.model, cfg.dist, sr_mode(cfg.model.sr)
+    if not mode.upscales:
         return LatentDecode(vae=comps.vae, colour_guard=m.colour_guard,
                             split=RowSplit(mesh) if mesh.distributed and dist.split_decode else None,
                             writes=mesh.is_writer)
@@ -49,9 +43,10 @@ def build_publish(cfg: Config, comps: Components, mesh: Mesh) -> Stage:
         offload = dist.offload.get("sr") == "offloaded"
         shard_dit = lambda net: shard(net, list(net.blocks), mesh, offload=offload, prefetch=dist.prefetch_blocks)  # noqa: E731
     stream = max(1, dist.prefetch_blocks) if dist.offload.get("sr") == "offloaded" else 0
-    sr = make_sr_components(m, seed=cfg.seed, device=_device(cfg, mesh), shard_dit=shard_dit, stream_dit=stream)
+    sr = make_sr_components(m, seed=cfg.seed, device=resolve_device(m.device, mesh.device), shard_dit=shard_dit,
+                            stream_dit=stream)
     out = (cfg.video.width, cfg.video.height)
-    if m.sr == "vae2x":
+    if not mode.one_step:
         return StageChain((PixelDecode(vae=sr.vae2x, colour_guard=m.colour_guard),
                            SRStage(size=out, writes=mesh.is_writer)))
     stages: list[Stage] = [PixelDecode(vae=comps.vae, colour_guard=m.colour_guard)]
@@ -65,6 +60,6 @@ def build_publish(cfg: Config, comps: Components, mesh: Mesh) -> Stage:
 
 def publish_notes(cfg: Config, mesh: Mesh) -> Optional[str]:
     """What the user should know about the publishing slot under torchrun (None: nothing)."""
-    if cfg.model.sr != "none" and mesh.distributed and cfg.dist.split_decode:
+    if sr_mode(cfg.model.sr).upscales and mesh.distributed and cfg.dist.split_decode:
         return "With model.sr set, every process decodes whole frames (dist.split_decode applies to sr=none only)."
     return None

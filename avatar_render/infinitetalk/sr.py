@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from avatar_render.infinitetalk.sr_guard import FaceGuard, GuardSettings, TrackState, log
+from avatar_render.infinitetalk.stage_io import Decoded, ModelStatic
 from avatar_render.infinitetalk.stages import to_host
-from avatar_render.infinitetalk.types import Decoded, ModelStatic
 from avatar_render.models.sr.geometry import Cover
 from avatar_render.models.sr.swiftvr_stream import SwiftState, SwiftVRStream
 from avatar_render.pipeline.module import Module

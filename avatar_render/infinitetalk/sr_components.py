@@ -10,6 +10,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from avatar_render.backends import sr_mode
 from avatar_render.config import ModelConfig
 from avatar_render.errors import AvatarRenderError
 from avatar_render.infinitetalk.parallel import block_stream
@@ -25,7 +26,9 @@ class SRComponents:
 
 
 def needs_vae2x(m: ModelConfig) -> bool:
-    return m.sr == "vae2x" or (m.sr == "swiftvr" and m.sr_fidelity == "vae2x")
+    """The 2x VAE decoder: the upscaler itself, or the one-step SR's fidelity path (sr_fidelity=vae2x)."""
+    mode = sr_mode(m.sr)
+    return mode.upscales and (not mode.one_step or m.sr_fidelity == "vae2x")
 
 
 def _path(value: Optional[str], key: str, what: str, *, random: bool) -> Optional[Path]:
@@ -51,7 +54,7 @@ def make_sr_components(m: ModelConfig, *, seed: int, device: torch.device,
         vae2x = Upscale2xVae(vae2x_config(m.size), path=path, device=device, dtype=getattr(torch, m.vae_dtype),
                              seed=seed + 11)
     reae = dit = None
-    if m.sr == "swiftvr":
+    if sr_mode(m.sr).one_step:
         root = _path(m.sr_root, "model.sr_root", "SwiftVR model folder", random=random)
         if root is not None and not root.is_dir():
             raise AvatarRenderError(

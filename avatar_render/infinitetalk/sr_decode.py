@@ -10,8 +10,8 @@ import dataclasses
 
 import torch
 
+from avatar_render.infinitetalk.stage_io import DecodeCarry, Decoded, LatentSegment, ModelStatic
 from avatar_render.infinitetalk.stages import LatentDecode, anchor_colour
-from avatar_render.infinitetalk.types import DecodeCarry, Decoded, LatentSegment, ModelStatic
 from avatar_render.models.sr.vae2x import pixel_shuffle_video
 from avatar_render.models.vae import StreamingDecoder, WanVae
 

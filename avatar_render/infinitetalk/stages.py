@@ -14,7 +14,7 @@ from avatar_render.distributed.split_decode import RowSplit
 from avatar_render.face.detect import FaceDetector, choose_face
 from avatar_render.face.fit import fit_to_frame
 from avatar_render.face.layout import fallback_layout
-from avatar_render.infinitetalk.types import (
+from avatar_render.infinitetalk.stage_io import (
     AudioWindow,
     DecodeCarry,
     LatentSegment,

@@ -56,10 +56,6 @@ _DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
 _CODES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
-def journal_path(output: Path) -> Path:
-    return output.with_name(output.name + ".journal")
-
-
 @dataclass(frozen=True)
 class ChunkRecord:
     kind: str
@@ -209,8 +205,8 @@ class Journal:
         before, now = old.get("gop_seconds"), ident.get("gop_seconds")
         if before is not None and now is not None and before != now:
             return (f"it was started with a keyframe every {_seconds(before)} and would now have one every "
-                    f"{_seconds(now)} (--serve and --live shorten it to --live-gop, --underrun hold to every chunk: "
-                    "resume with the live options it was started with)")
+                    f"{_seconds(now)} (with video.gop_seconds unset --serve and --live shorten it to 2 s, "
+                    "--underrun hold to every chunk: resume with the live options it was started with)")
         return None
 
     def resume_point(self) -> tuple[Checkpoint, list[ChunkRecord]]:

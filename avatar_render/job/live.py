@@ -24,10 +24,18 @@ from avatar_render.io.live.webrtc import WebRtcHub
 from avatar_render.io.sink import Sink
 from avatar_render.io.spec import WriterSpec
 from avatar_render.job.output import request_inputs
-from avatar_render.job.types import OnMessage, Progress, RenderRequest
+from avatar_render.job.request import OnMessage, Progress, RenderRequest
 
 _SERVED_PLAYLIST = "live.m3u8"
 
+
+FILE_GOP_S, LIVE_GOP_S = 10.0, 2.0  # video.gop_seconds=0: a file's keyframe interval, a live render's (what
+#   streaming services ask for)
+
+
+def gop_seconds(cfg: Config, live: Optional["Live"]) -> float:
+    """The keyframe interval of a render's writer (the resume points, the HLS segments)."""
+    return (cfg.video.gop_seconds or FILE_GOP_S) if live is None else live.gop_seconds(cfg)
 
 class Live:
     """The live side of one render. ``Live(request, ...)`` checks everything it can at once (targets,
@@ -44,9 +52,6 @@ class Live:
                             ("serve linger", opts.linger_s)):
             if not 0 <= value <= 24 * 3600:
                 raise AvatarRenderError(f"The {name} of {value:g} s must be between 0 s and a day.")
-        if not 0 < opts.gop_seconds <= 3600:
-            raise AvatarRenderError(
-                f"The live GOP length of {opts.gop_seconds:g} s must be positive and at most an hour.")
         if any(t.kind == "whip" for t in self.targets) and importlib.util.find_spec("aiortc") is None:
             raise AvatarRenderError("Publishing to a WHIP endpoint needs aiortc: pip install 'avatar-render[webrtc]'.")
         if sum(t.kind == "stdout" for t in self.targets) > 1:
@@ -91,11 +96,9 @@ class Live:
         return ", ".join(named + ([self.server.url] if self.server is not None else []))
 
     def gop_seconds(self, cfg: Config) -> float:
-        """The writer's shortest GOP: a live render's keyframes come at least every ``gop_seconds``
-        (segments and joins stay short); under ``hold`` every chunk starts one (filler can only be
-        spliced in before a keyframe)."""
-        gop = min(cfg.video.gop_seconds, self.options.gop_seconds)
-        return 1e-6 if self.options.underrun == "hold" else gop
+        """The writer's shortest GOP: ``video.gop_seconds``, 2 s when unset (segments and joins stay
+        short); under ``hold`` every chunk starts one (filler can only be spliced in before a keyframe)."""
+        return 1e-6 if self.options.underrun == "hold" else cfg.video.gop_seconds or LIVE_GOP_S
 
     def make_sinks(self, spec: WriterSpec, *, first_frame: int,
                    total_seconds: Callable[[], Optional[float]]) -> list[Sink]:

@@ -18,8 +18,9 @@ from typing import Callable, Optional
 
 from omegaconf import OmegaConf
 
-from avatar_render.errors import AvatarRenderError, InputError
+from avatar_render.errors import AvatarRenderError, InputError, ResumeError
 from avatar_render.files.names import shown
+from avatar_render.files.render_paths import render_paths
 from avatar_render.files.write import remove
 from avatar_render.io.audio_stream import is_stream
 from avatar_render.io.writer import (
@@ -31,13 +32,13 @@ from avatar_render.io.writer import (
     remux_faststart,
 )
 from avatar_render.job.journal import ChunkRecord, Commit, Journal, snapshot
-from avatar_render.job.live import Live
-from avatar_render.job.output import move_into_place, partial_path
+from avatar_render.job.live import Live, gop_seconds
+from avatar_render.job.output import move_into_place
+from avatar_render.job.request import Progress, RenderReport, RenderRequest
 from avatar_render.job.resume import replay_audio
 from avatar_render.job.setup import Prepared
 from avatar_render.job.stop import RenderStopped, StopNow
-from avatar_render.job.types import Progress, RenderReport, RenderRequest
-from avatar_render.pipeline.state import CannotResume, Checkpoint, Flat
+from avatar_render.pipeline.state import Checkpoint, Flat
 from avatar_render.pipeline.types import Published
 from avatar_render.telemetry import Telemetry, peak_gpu_mb, peak_rss_mb, write_report
 
@@ -83,7 +84,7 @@ class ChunkLoop:
         self.live = live
         self.output = None if request.output is None else Path(request.output)
         self.session = is_stream(request.audio)  # a stop request ends the stream (the audio's reader sees it)
-        self.partial = None if self.output is None else partial_path(self.output)
+        self.partial = None if self.output is None else render_paths(self.output).partial
         assert (journal is None) == (self.output is None), "a journal exactly when there is an output"
         self.t_ready = 0.0
         self.t_ready_monotonic = 0.0
@@ -114,7 +115,7 @@ class ChunkLoop:
 
     def _open_writer(self, checkpoint: Optional[Checkpoint], prior: Optional[Commit]) -> Mp4Writer:
         cfg, info = self.cfg, self.job.audio.info
-        gop = cfg.video.gop_seconds if self.live is None else self.live.gop_seconds(cfg)
+        gop = gop_seconds(cfg, self.live)
         spec = WriterSpec(
             path=self.partial, width=cfg.video.width, height=cfg.video.height, fps=cfg.fps,
             crf=cfg.video.crf, preset=cfg.video.preset, audio_rate=info.output_rate,
@@ -227,7 +228,7 @@ class ChunkLoop:
             return exc
         if isinstance(exc, StopNow):
             return self._stopped(at_once=True)
-        if isinstance(exc, CannotResume):
+        if isinstance(exc, ResumeError):
             return AvatarRenderError(f"{str(exc).rstrip('.')}; start over with --force instead of --resume.")
         if self._forget_if_empty() or not isinstance(exc, AvatarRenderError) or self.journal is None:
             return exc

@@ -14,16 +14,12 @@ from typing import Optional
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import same_file, shown
+from avatar_render.files.render_paths import render_paths
 from avatar_render.files.targets import Inputs, check_target
 from avatar_render.files.write import place, remove, remove_tree
 from avatar_render.io.audio_stream import is_stream
-from avatar_render.job.journal import Journal, check_ours, journal_path
+from avatar_render.job.journal import Journal, check_ours
 from avatar_render.telemetry import REPORT
-
-
-def partial_path(output: Path) -> Path:
-    """Where a render in progress is written before it is moved into place."""
-    return output.with_name(output.stem + ".partial" + output.suffix)
 
 
 def check_output(output: Path, *, force: bool) -> None:
@@ -35,13 +31,14 @@ def check_output(output: Path, *, force: bool) -> None:
     if output.suffix.lower() != ".mp4":
         raise AvatarRenderError(f"Output {shown(output)} must be a file name ending in .mp4.")
     check_target(output, what="output", force=force,
-                 siblings=(partial_path(output).name, journal_path(output).name))
+                 siblings=render_paths(output).beside())
 
 
 def check_finished(output: Path, *, resume: bool, force: bool) -> None:
     """``--resume`` of an output that is there and has no interrupted render beside it: nothing to resume."""
-    if resume and not force and os.path.lexists(output) and not os.path.lexists(partial_path(output)) \
-            and not os.path.lexists(journal_path(output)):
+    own = render_paths(output)
+    if resume and not force and os.path.lexists(output) and not os.path.lexists(own.partial) \
+            and not os.path.lexists(own.journal):
         raise AvatarRenderError(f"Nothing to resume: {shown(output)} is complete (no interrupted render of it is "
                                 "left); pass --force instead of --resume to render it again.")
 
@@ -62,7 +59,7 @@ def request_inputs(request) -> Inputs:
 
 def check_partial(output: Path, journal: Optional[Journal]) -> None:
     """A partial file without this render's journal is somebody else's: refused, whatever the flags."""
-    partial = partial_path(output)
+    partial = render_paths(output).partial
     if not os.path.lexists(partial):
         return
     if journal is None:
@@ -88,7 +85,7 @@ def move_into_place(src: Path, dst: Path, *, partial: Path, force: bool) -> None
 def finished_before(output: Path) -> bool:
     """Whether an earlier render of ``output`` had put it in place and stopped before tidying up
     (its journal still holds the finished file, the same file as the output); then tidy up."""
-    folder = journal_path(output)
+    folder = render_paths(output).journal
     complete = folder / "complete.mp4"
     try:
         check_ours(folder)
@@ -97,7 +94,7 @@ def finished_before(output: Path) -> bool:
     if not (os.path.lexists(output) and complete.is_file() and not output.is_symlink()
             and same_file(output, complete)):
         return False
-    partial = partial_path(output)
+    partial = render_paths(output).partial
     if partial.is_file() and not partial.is_symlink():
         remove(partial)
     remove_tree(folder)
@@ -107,14 +104,14 @@ def finished_before(output: Path) -> bool:
 def forget_empty_render(output: Path) -> None:
     """Remove the partial file and journal of a render that committed no frame (those that did are
     kept for a resume, as after any crash). Best effort: runs when another process ended this one."""
-    folder = journal_path(output)
+    folder = render_paths(output).journal
     try:
         check_ours(folder)
     except AvatarRenderError:
         return
     commit = Journal(folder, lock_fd=-1).commit_info  # read only, no lock
     if commit is None or not commit.frames:
-        partial = partial_path(output)
+        partial = render_paths(output).partial
         if not partial.is_symlink():
             remove(partial)
         remove_tree(folder)

@@ -9,26 +9,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from avatar_render.backends import backend
 from avatar_render.config import Config
 from avatar_render.errors import AvatarRenderError
 from avatar_render.face.detect import FaceDetector, choose_face
 from avatar_render.face.landmarks import find_model
 from avatar_render.files.names import shown
+from avatar_render.files.render_paths import render_paths
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import open_reference
-from avatar_render.job.journal import Journal, journal_path
+from avatar_render.job.journal import Journal
 from avatar_render.job.live import Live
 from avatar_render.job.output import (
     check_finished,
     check_output,
     check_partial,
     check_report,
-    partial_path,
     request_inputs,
 )
+from avatar_render.job.request import RenderRequest
 from avatar_render.job.resume import prior_commit
 from avatar_render.job.run import render_identity
-from avatar_render.job.types import RenderRequest
 from avatar_render.pipeline.schedule import iter_schedule
 
 # The preview's resident memory: the process and its models, then frames in flight (calibrated on the peaks
@@ -89,14 +90,15 @@ def plan_render(request: RenderRequest) -> RenderPlan:
         output = Path(request.output)
         check_finished(output, resume=request.resume, force=request.force)
         check_output(output, force=request.force)
-        written = {"output": output, "partial file": partial_path(output), "resume journal": journal_path(output)}
+        own = render_paths(output)
+        written = own.written()
         for what, path in written.items():
             inputs.check(path, what=what)
         inputs = inputs.plus_outputs(written)
-        journal = Journal.open(journal_path(output), create=False)  # (an existing one: locked and read)
+        journal = Journal.open(own.journal, create=False)  # (an existing one: locked and read)
         try:
             check_partial(output, journal)
-            prior = prior_commit(journal, output=output, partial=partial_path(output), resume=request.resume,
+            prior = prior_commit(journal, output=output, partial=own.partial, resume=request.resume,
                                  force=request.force, fps=cfg.fps)
             why = None if prior is None else journal.mismatch(render_identity(request, live))
             if why:
@@ -141,28 +143,18 @@ def plan_render(request: RenderRequest) -> RenderPlan:
 
 
 def _backend(cfg: Config) -> str:
-    if cfg.backend == "preview":
-        return "preview (CPU, no weights)"
+    if not backend(cfg.backend).weights:
+        return f"{cfg.backend} (CPU, no weights)"
     weights = f"weights from {cfg.model.root}" if cfg.model.root else "random weights (no model.root)"
     return f"{cfg.backend} ({cfg.model.size}, {weights}, device {cfg.model.device}, {cfg.model.steps} steps)"
 
 
 def _chunk_sizes(cfg: Config) -> dict[str, int]:
-    c = cfg.chunk
-    lead = 0
-    if cfg.backend == "infinitetalk":
-        try:
-            from avatar_render.infinitetalk.engine import check_sizes
-        except ImportError as e:
-            raise AvatarRenderError(
-                f"The infinitetalk backend needs PyTorch, diffusers and transformers ({e.name} is missing): "
-                "pip install -e '.[model]' after installing torch for your hardware.") from None
-        check_sizes(cfg)
-        lead = 1  # frame 0 is the reference latent's
-    elif cfg.backend != "preview":
-        raise AvatarRenderError(f"Backend '{cfg.backend}' is not available.")
+    c, own = cfg.chunk, backend(cfg.backend)
+    if own.check_sizes:
+        own.load("check_sizes")(cfg)
     return {"chunk_frames": c.chunk_frames, "transition_frames": c.transition_frames,
-            "context_frames": c.context_frames, "lead_frames": lead, "first_frames": c.first_frames}
+            "context_frames": c.context_frames, "lead_frames": own.lead_frames, "first_frames": c.first_frames}
 
 
 def _chunking(sizes: dict[str, int], order: str) -> str:
@@ -198,7 +190,7 @@ def _face(image, cfg: Config) -> str:
 
 
 def _face_model(cfg: Config) -> str:
-    if cfg.backend != "preview":
+    if not backend(cfg.backend).rig:
         return "OpenCV's face detector (the layout of the face for the crop)"
     path = find_model(cfg.face.landmarks)
     if path is None:
@@ -211,7 +203,7 @@ def _memory(cfg: Config, sizes: dict[str, int]) -> str:
     frame_mb = cfg.video.width * cfg.video.height * 3 / 2**20
     chunk = sizes["chunk_frames"] + sizes["transition_frames"]
     frames_mb = (cfg.run.queue_chunks + _FRAMES_IN_FLIGHT_CHUNKS) * chunk * frame_mb
-    if cfg.backend == "preview":
+    if not backend(cfg.backend).weights:
         return (f"about {_PREVIEW_BASE_MB + frames_mb:.0f} MB resident, the same for any length of audio "
                 f"({frames_mb:.0f} MB of it frames in flight)")
     weights = sum(p.stat().st_size for p in Path(cfg.model.root).rglob("*.safetensors")) if cfg.model.root else 0

@@ -7,10 +7,11 @@ from typing import Callable, Optional
 
 from omegaconf import OmegaConf
 
+from avatar_render.distributed.device_mesh import Mesh
 from avatar_render.distributed.launch import broadcast
-from avatar_render.distributed.mesh import Mesh
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import shown
+from avatar_render.files.render_paths import render_paths
 from avatar_render.files.write import remove
 from avatar_render.io.audio_stream import PUSHED, Pieces, StreamedAudio, is_stream
 from avatar_render.job.journal import (
@@ -18,9 +19,8 @@ from avatar_render.job.journal import (
     Commit,
     Journal,
     identity,
-    journal_path,
 )
-from avatar_render.job.live import Live
+from avatar_render.job.live import Live, gop_seconds
 from avatar_render.job.loop import ChunkLoop
 from avatar_render.job.output import (
     check_finished,
@@ -28,14 +28,13 @@ from avatar_render.job.output import (
     check_partial,
     check_report,
     finished_before,
-    partial_path,
     request_inputs,
 )
+from avatar_render.job.request import OnMessage, Progress, RenderReport, RenderRequest
 from avatar_render.job.resume import prior_commit
 from avatar_render.job.session import open_stream, session_request
 from avatar_render.job.setup import prepared
 from avatar_render.job.stop import RenderStopped, StopNow
-from avatar_render.job.types import OnMessage, Progress, RenderReport, RenderRequest
 from avatar_render.pipeline.state import Checkpoint
 from avatar_render.pipeline.types import StaticConditioning
 from avatar_render.telemetry import Telemetry
@@ -82,20 +81,21 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], audio: Path |
     output = Path(request.output)
     check_finished(output, resume=request.resume, force=request.force)
     check_output(output, force=request.force)
-    written = {"output": output, "partial file": partial_path(output), "resume journal": journal_path(output)}
+    own = render_paths(output)
+    written = own.written()
     inputs = request_inputs(request)
     for what, path in written.items():
         inputs.check(path, what=what)
     report = None if request.report is None else Path(request.report)
     check_report(report, force=request.force, inputs=inputs.plus_outputs({**written, **_playlists(live)}))
-    journal = Journal.open(journal_path(output), create=False)
+    journal = Journal.open(own.journal, create=False)
     try:
         check_partial(output, journal)
         if journal is not None and is_stream(request.audio) and not request.force:
             raise AvatarRenderError(
-                f"An interrupted render of {shown(output)} is beside it ({shown(partial_path(output))}); a session "
+                f"An interrupted render of {shown(output)} is beside it ({shown(own.partial)}); a session "
                 "cannot continue it (its audio is a stream): pass --force to start over, or move it away.")
-        prior = prior_commit(journal, output=output, partial=partial_path(output), resume=request.resume,
+        prior = prior_commit(journal, output=output, partial=own.partial, resume=request.resume,
                              force=request.force, fps=cfg.fps)
         with prepared(cfg, Path(request.reference), audio, mesh, clock=telemetry.stage) as job:
             for note in job.notes:
@@ -162,8 +162,8 @@ def _start(journal: Optional[Journal], request: RenderRequest, prior: Optional[C
         return journal, point
     if request.resume:
         on_message("info", f"Nothing to resume for {shown(output)}; starting from the beginning.")
-    journal = journal or Journal.open(journal_path(output), create=True)
-    remove(partial_path(output))  # (only ever this journal's: check_partial)
+    journal = journal or Journal.open(render_paths(output).journal, create=True)
+    remove(render_paths(output).partial)  # (only ever this journal's: check_partial)
     journal.begin(ident)
     return journal, None
 
@@ -174,7 +174,7 @@ def render_identity(request: RenderRequest, live: Optional[Live]) -> dict:
     cfg = request.config
     audio = str(request.audio) if is_stream(request.audio) else Path(request.audio)
     ident = identity(OmegaConf.to_container(OmegaConf.structured(cfg)), Path(request.reference), audio)
-    return {**ident, "gop_seconds": cfg.video.gop_seconds if live is None else live.gop_seconds(cfg)}
+    return {**ident, "gop_seconds": gop_seconds(cfg, live)}
 
 
 def _playlists(live: Optional[Live]) -> dict[str, Path]:

@@ -8,6 +8,7 @@ import dataclasses
 import sys
 from typing import Callable, Optional
 
+from avatar_render.backends import backend
 from avatar_render.config import Config
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio_stream import (
@@ -21,7 +22,7 @@ from avatar_render.io.audio_stream import (
     srt_listener,
     stream_name,
 )
-from avatar_render.job.types import RenderRequest
+from avatar_render.job.request import RenderRequest
 
 
 def realtime(request: RenderRequest) -> bool:
@@ -43,7 +44,7 @@ def session_request(request: RenderRequest) -> RenderRequest:
     cfg = request.config
     if cfg.audio.raw is not None:
         RawFormat.parse(cfg.audio.raw)
-    if realtime(request) and cfg.backend == "preview":
+    if realtime(request) and backend(cfg.backend).session_chunks:
         chunk = dataclasses.replace(cfg.chunk, chunk_frames=cfg.session.chunk_frames,
                                     transition_frames=cfg.session.transition_frames, first_frames=0)
         request = dataclasses.replace(request, config=dataclasses.replace(cfg, chunk=chunk))

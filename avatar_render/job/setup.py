@@ -10,10 +10,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from avatar_render.backends import backend
 from avatar_render.config import Config
+from avatar_render.distributed.device_mesh import Mesh
 from avatar_render.distributed.launch import broadcast
-from avatar_render.distributed.mesh import Mesh
-from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.audio_stream import StreamedAudio
 from avatar_render.io.reference import open_reference
@@ -21,25 +21,13 @@ from avatar_render.io.trimmed_audio import TrimmedAudio
 from avatar_render.io.video_source import VideoReference
 from avatar_render.pipeline.pipeline import Pipeline
 from avatar_render.pipeline.types import RequestInput, StaticConditioning
-from avatar_render.preview.engine import build_preview
 
 Clock = Callable[[str], AbstractContextManager]
 
 
 def build_pipeline(cfg: Config, mesh: Mesh) -> Pipeline:
     """The pipeline of ``cfg.backend`` for this process of the launch ``mesh`` describes."""
-    if cfg.backend == "preview":
-        return build_preview(cfg)
-    if cfg.backend == "infinitetalk":
-        try:
-            from avatar_render.infinitetalk.engine import build_infinitetalk
-        except ImportError as e:
-            raise AvatarRenderError(
-                f"The infinitetalk backend needs PyTorch, diffusers and transformers ({e.name} is missing): "
-                "pip install -e '.[model]' after installing torch for your hardware."
-            ) from None
-        return build_infinitetalk(cfg, mesh)
-    raise AvatarRenderError(f"Backend '{cfg.backend}' is not available.")
+    return backend(cfg.backend).load("build")(cfg, mesh)
 
 
 def request_input(cfg: Config, reference: np.ndarray, reference_path: Path, video=None) -> RequestInput:
@@ -84,10 +72,10 @@ def video_notes(video: VideoReference, cfg: Config) -> tuple[str, ...]:
     info, fps = video.timeline.info, float(cfg.fps)
     if info.variable_rate or abs(info.fps - fps) <= 0.01 * fps:
         return ()
-    key = "preview.fps" if cfg.backend == "preview" else "model.fps"
+    own = backend(cfg.backend)
     effect = (f"about one source frame in {max(2, round(info.fps / (info.fps - fps)))} is skipped" if info.fps > fps
               else f"about one source frame in {max(2, round(fps / (fps - info.fps)))} is shown twice")
-    hint = f"; set {key}={info.fps:.3g} to keep every frame" if cfg.backend == "preview" else ""
+    hint = f"; set {own.section}.fps={info.fps:.3g} to keep every frame" if own.fps_free else ""
     return (f"The reference video runs at {info.fps:.3g} fps and the output at {fps:.3g} fps: {effect}{hint}.",)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from avatar_render.backends import BACKENDS
 from avatar_render.errors import AvatarRenderError
 from avatar_render.face.patches import luma
 from avatar_render.files.read import read_json
@@ -63,11 +64,6 @@ def load_report(path: str | Path) -> dict[str, Any]:
     return report
 
 
-# Frames N0 generates before its chunk_frames, per backend (the pipeline's lead_frames): the diffusion
-# backend's first latent holds one frame, so its later chunks start at 1 + 4k.
-LEAD_FRAMES = {"infinitetalk": 1}
-
-
 def chunk_boundaries(report: dict[str, Any], frames: int) -> tuple[Boundary, ...]:
     """Where the frames of one chunk meet those of the next, in a video of ``frames`` frames.
 
@@ -83,11 +79,16 @@ def chunk_boundaries(report: dict[str, Any], frames: int) -> tuple[Boundary, ...
     first = int(chunk.get("first_frames", 0) or 0) or size
     plans = plan_for(frames, chunk_frames=size, transition_frames=transition,
                      context_frames=int(chunk.get("context_frames", 0)),
-                     lead_frames=LEAD_FRAMES.get(config.get("backend"), 0), first_frames=first) if frames else []
+                     lead_frames=_lead_frames(config.get("backend")), first_frames=first) if frames else []
     seams = {p.start for p in plans if p.kind == "N" and p.start > 0}
     edges = {f for p in plans if p.kind == "I" for f in (p.publish_start, p.publish_end) if 0 < f < frames} - seams
     return tuple(sorted([Boundary(f, "seam") for f in seams] + [Boundary(f, "edge") for f in edges],
                         key=lambda b: b.frame))
+
+
+def _lead_frames(name: Any) -> int:
+    """Frames N0 of the report's backend generates before its chunk_frames (0 for a backend not known here)."""
+    return BACKENDS[name].lead_frames if name in BACKENDS else 0
 
 
 class FrameChange:

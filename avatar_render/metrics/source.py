@@ -16,6 +16,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from avatar_render.backends import BACKENDS
 from avatar_render.face import mesh as fm
 from avatar_render.face.detect import FaceDetector
 from avatar_render.face.landmarks import LandmarkModel, find_model
@@ -62,7 +63,8 @@ class SourceComparison:
         path = find_model("auto")
         landmarks = LandmarkModel(path) if path is not None else None
         track = scan_faces(video, FaceDetector(), landmarks, face_box)
-        if backend != "preview" and track.boxes is not None:  # the diffusion backend: the first frame's crop for all
+        own = BACKENDS.get(backend)
+        if (own is None or not own.rig) and track.boxes is not None:  # the first frame's crop for all
             track = type(track)(boxes=np.repeat(track.boxes[:1], len(track.boxes), axis=0), found=track.found,
                                 sampled=track.sampled)
         self.src = DubSource(video=video, track=track, rig=None, width=width, height=height, landmarks=landmarks,

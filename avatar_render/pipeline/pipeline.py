@@ -12,12 +12,12 @@ from typing import Any, Callable, Generator, Iterator, Optional, Protocol, get_t
 
 import numpy as np
 
-from avatar_render.errors import AvatarRenderError
+from avatar_render.errors import AvatarRenderError, ResumeError, StageError
 from avatar_render.pipeline.chain import StageChain
 from avatar_render.pipeline.module import Module
 from avatar_render.pipeline.schedule import ChunkPlan, iter_schedule
 from avatar_render.pipeline.stage import Stage, check_chain
-from avatar_render.pipeline.state import CannotResume, Checkpoint, RollingState
+from avatar_render.pipeline.state import Checkpoint, RollingState
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, Published, RequestInput, Segment
 
 
@@ -179,7 +179,7 @@ class Pipeline:
         if job is not None:
             state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints)
         if number + 1 < done:
-            raise CannotResume("The saved chunk plan is longer than this audio, so the render cannot be resumed.")
+            raise ResumeError("The saved chunk plan is longer than this audio, so the render cannot be resumed.")
         assert not state.pending and not state.anchors, "every frame published, every anchor used"
 
     def _start(self, static: Any, resume: Checkpoint | None) -> tuple[RollingState, int]:
@@ -189,7 +189,7 @@ class Pipeline:
                                 decode_carry=self.decode.init_carry(static)), 0
         state = resume.state
         if len(state.carries) != len(self.generate):
-            raise CannotResume("The saved state does not fit this backend's stages, so the render cannot be resumed.")
+            raise ResumeError("The saved state does not fit this backend's stages, so the render cannot be resumed.")
         state = replace(state, carries=tuple(s.restored_carry(c, static) for s, c in zip(self.generate, state.carries)),
                         decode_carry=self.decode.restored_carry(state.decode_carry, static))
         return state, resume.plans_done
@@ -203,7 +203,7 @@ class Pipeline:
         """A plan entry done before the resume point: only the audio moves on (``last``: the saved
         checkpoint's plan, given for the last such entry, which must be this one)."""
         if last is not None and plan != last:
-            raise CannotResume(
+            raise ResumeError(
                 "The saved chunk plan does not match this audio and config, so the render cannot be resumed.")
         audio.release(self.audio_kept_from(plan))
 
@@ -314,7 +314,7 @@ def _run(stage: Stage, x: Any, *, static: Any, carry: Any, plan: ChunkPlan) -> t
         exc.args = (f"{str(exc).rstrip('.')} (stage {stage.name}, chunk {plan.kind}{plan.index}).",)
         raise
     except Exception as exc:
-        raise StageFailed(stage.name, f"{plan.kind}{plan.index}", exc) from exc
+        raise StageError(stage.name, f"{plan.kind}{plan.index}", exc) from exc
 
 
 def _run_timed(stage: Stage, x: Any, *, static: Any, carry: Any, plan: ChunkPlan, clock: Clock) -> tuple[Any, Any]:
@@ -328,11 +328,3 @@ def _run_timed(stage: Stage, x: Any, *, static: Any, carry: Any, plan: ChunkPlan
         with clock(part.name):
             x, carries[i] = _run(part, x, static=static, carry=carries[i], plan=plan)
     return x, tuple(carries)
-
-
-class StageFailed(RuntimeError):
-    """An unexpected error inside a stage, with the stage's name and the chunk's."""
-
-    def __init__(self, stage: str, chunk: str, error: Exception) -> None:
-        super().__init__(f"stage {stage} failed on chunk {chunk}: {type(error).__name__}: {error}")
-        self.stage, self.chunk, self.error = stage, chunk, error

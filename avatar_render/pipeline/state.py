@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from avatar_render.errors import AvatarRenderError
 from avatar_render.pipeline.schedule import ChunkPlan
 from avatar_render.pipeline.types import Segment
 
@@ -42,10 +41,6 @@ class RollingState:
                 rest = self.pending[:i] + self.pending[i + 1 :]
                 return replace(self, pending=rest, next_frame=seg.end), seg
         return self, None
-
-
-class CannotResume(AvatarRenderError):
-    """A saved checkpoint does not fit the render it is given to."""
 
 
 @dataclass(frozen=True)

@@ -273,7 +273,7 @@ class PreviewRender(Stage[MotionSegment, Frames]):
         return Frames(start=x.start, frames=frames), None
 
 
-def build_preview(cfg: Config) -> Pipeline:
+def build_preview(cfg: Config, mesh: object = None) -> Pipeline:  # one process: ``mesh`` is not used
     p = cfg.preview
     return Pipeline(
         init=PreviewInit(face_box=cfg.face.box, landmarks=cfg.face.landmarks, cache_mb=cfg.reference.cache_mb,

@@ -15,8 +15,8 @@ With random full-size bf16 weights (speed does not depend on their values) on th
    published frame (the reference latent's), to its first sampled frames, and the DiT tokens before each;
    with ``run.overlap_decode`` off and on, the generated fps over a few chunks.
 
-    python scripts/gpu_levers.py --json docs/gpu_levers_h200.json
-    python scripts/gpu_levers.py --only attention,cache_kv --sizes 640x640
+    python scripts/gpu/gpu_levers.py --json docs/gpu_levers_h200.json
+    python scripts/gpu/gpu_levers.py --only attention,cache_kv --sizes 640x640
 
 Without a GPU it runs the tiny architecture on the CPU (the GPU-only levers are left out), so the
 script itself can be checked; those timings say nothing about GPU speed. fp8 needs torchao
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,8 +35,7 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 from avatar_render.infinitetalk.components import architectures  # noqa: E402
 from avatar_render.models.dit import build_dit, materialize_random  # noqa: E402

@@ -13,8 +13,8 @@ resident memory every second.
 Prints the latency distribution (p50, p95, max), the silence the session put in, and the mean
 resident memory in the first and the last minute.
 
-    python scripts/session_latency.py --seconds 600     # the 10-minute run
-    python scripts/session_latency.py --seconds 30      # a quick look
+    python scripts/bench/session_latency.py --seconds 600     # the 10-minute run
+    python scripts/bench/session_latency.py --seconds 30      # a quick look
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 
 from avatar_render.telemetry import rss_mb_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RATE, FPS, PIECE_S = 16000, 25, 0.04
 
 

@@ -8,9 +8,9 @@ to give the achieved TFLOP/s, and reports peak GPU memory; then times the same p
 blocks streamed from pinned host memory (its peak memory then holds two blocks, not forty). Prints a table and
 writes JSON.
 
-    python scripts/gpu_check.py --out gpu_check.json            # 480p and 720p, InfiniteTalk + FlashTalk recipes
-    python scripts/gpu_check.py --sizes 640x640 --repeats 5
-    python scripts/gpu_check.py --sr --out gpu_check_sr.json   # the SR stage (scripts/gpu_check_sr.py)
+    python scripts/gpu/gpu_check.py --out gpu_check.json            # 480p and 720p, InfiniteTalk + FlashTalk recipes
+    python scripts/gpu/gpu_check.py --sizes 640x640 --repeats 5
+    python scripts/gpu/gpu_check.py --sr --out gpu_check_sr.json   # the SR stage (scripts/gpu/gpu_check_sr.py)
 
 Without a GPU it runs the tiny architecture on the CPU so the script itself can be checked; those
 timings say nothing about GPU speed.
@@ -99,7 +99,7 @@ def main() -> None:
                          "streamed")
     ap.add_argument("--sr", action="store_true",
                     help="time the SR stage instead (SwiftVR at 720p and 1080p output, the 2x decoder; "
-                         "scripts/gpu_check_sr.py)")
+                         "scripts/gpu/gpu_check_sr.py)")
     args = ap.parse_args()
     if args.sr:
         from gpu_check_sr import run_sr

@@ -1,8 +1,8 @@
 """Write a reference video for dubbing tests and benchmarks: examples/face.png panned and zoomed over time
 (a moving camera on a still presenter), H.264 in MP4, made with PyAV only.
 
-    python scripts/make_reference_video.py take.mp4 --seconds 5 --size 1280x720 --fps 30
-    python scripts/make_reference_video.py take.mp4 --rotate 90        # stored sideways with a display matrix
+    python -m tests.reference_video take.mp4 --seconds 5 --size 1280x720 --fps 30
+    python -m tests.reference_video take.mp4 --rotate 90        # stored sideways with a display matrix
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (examples/talk.wav repeated, examples/face.png), rendered with --jobs 1, 2, ... at each size; prints a
 Markdown table and writes OUT/bench_batch.json.
 
-    python scripts/bench_batch.py --count 8 --seconds 30 --jobs 1,2 --sizes 256x256,512x512
+    python scripts/bench/bench_batch.py --count 8 --seconds 30 --jobs 1,2 --sizes 256x256,512x512
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from avatar_render.bench import loop_speech
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

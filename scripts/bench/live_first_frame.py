@@ -7,7 +7,7 @@ once and reports, from the command's start: the URL printed, the first frame sho
 (requestVideoFrameCallback), the render's end; from the render's inputs being ready: the first
 segment listed; and the frames the page decoded.
 
-    python scripts/live_first_frame.py --seconds 20
+    python scripts/bench/live_first_frame.py --seconds 20
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 import wave
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required"]
 

@@ -7,8 +7,8 @@ the host, and, with a GPU, side by side straight to the GPU against the host fir
 The file cache is warm after the first read (the first row also pays the disk), so the rows compare
 the reading and copying, not the disk.
 
-    python scripts/bench_load.py --layers 2 --dim 1024          # a small model, anywhere
-    python scripts/bench_load.py --layers 4 --out /tmp/dit       # 4 of the 14B model's 40 blocks (about 3 GB)
+    python scripts/bench/bench_load.py --layers 2 --dim 1024          # a small model, anywhere
+    python scripts/bench/bench_load.py --layers 4 --out /tmp/dit       # 4 of the 14B model's 40 blocks (about 3 GB)
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,8 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 from avatar_render.models.checkpoints import INDEX_NAME, load_into, plan_sources  # noqa: E402
 from avatar_render.models.dit import DiTConfig, build_dit, materialize_random  # noqa: E402

@@ -1,4 +1,4 @@
-"""Speed of the SR stage at full size with random weights (``scripts/gpu_check.py --sr`` runs it).
+"""Speed of the SR stage at full size with random weights (``scripts/gpu/gpu_check.py --sr`` runs it).
 
 For each output size (720p and 1080p, generated at half the size as configs/flashtalk-sr*.yaml do)
 it times, on one FlashTalk chunk (28 new frames), after a warm-up chunk:

@@ -7,8 +7,8 @@ watched) and is printed from two starts that bound the GPU's idle time between t
 The modules are placed as a render places them (``dist.offload`` decides; a render moves nothing
 between stages). Run it in one process or under torchrun (process 0 prints):
 
-    python scripts/bench_dist.py -c configs/tiny.yaml
-    torchrun --nproc-per-node 8 scripts/bench_dist.py -c configs/infinitetalk-480p.yaml
+    python scripts/bench/bench_dist.py -c configs/tiny.yaml
+    torchrun --nproc-per-node 8 scripts/bench/bench_dist.py -c configs/infinitetalk-480p.yaml
 
 On a CPU or with the tiny model the numbers show the mechanics, not representative speed.
 """
@@ -18,19 +18,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
+from avatar_render.backends import backend  # noqa: E402
 from avatar_render.config import load_config  # noqa: E402
+from avatar_render.distributed.device_mesh import resolve_device  # noqa: E402
 from avatar_render.distributed.launch import session  # noqa: E402
-from avatar_render.infinitetalk.components import resolve_device  # noqa: E402
 from avatar_render.job.setup import prepared  # noqa: E402
 from avatar_render.pipeline.chain import StageChain  # noqa: E402
 from avatar_render.telemetry import peak_rss_mb  # noqa: E402
@@ -126,7 +125,7 @@ def main() -> None:
         if mesh.distributed:
             device = mesh.device
         else:
-            device = resolve_device(cfg.model.device) if cfg.backend == "infinitetalk" else torch.device("cpu")
+            device = resolve_device(cfg.model.device) if backend(cfg.backend).weights else torch.device("cpu")
         tl = Timeline(device)
         with prepared(cfg, a.ref, a.audio, mesh) as job:  # the set-up of a render
             pipeline, static, audio = job.pipeline, job.static, job.audio
@@ -170,7 +169,7 @@ def main() -> None:
         print(f"\n{'stage':<22}{'calls':>6} {'mean ms':>9} {'max ms':>9}")
         for name, v in tl.stage_s.items():
             print(f"{name:<22}{len(v):>6} {ms(v)}")
-        if "a2v" in tl.stage_s and cfg.backend == "infinitetalk":
+        if "a2v" in tl.stage_s and backend(cfg.backend).weights:
             print(f"sampling step: {1000 * statistics.mean(tl.stage_s['a2v']) / cfg.model.steps:.1f} ms "
                   f"(a2v / {cfg.model.steps} steps); generated {frames / wall:.2f} fps over {wall:.1f} s")
         print(f"\n{'switch, from A:':<22}{'':>6} {'end':>19} {'last module':>19}")

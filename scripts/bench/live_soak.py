@@ -13,8 +13,8 @@ the FLV the listener passes on as it arrives. Prints:
   probe of the first 32 KB delays the first frames a little);
 * CPU seconds of the whole render and of the publishing thread (from the render's report).
 
-    python scripts/live_soak.py --seconds 600      # the 10-minute run (docs/live.md)
-    python scripts/live_soak.py --seconds 60       # a quick look
+    python scripts/bench/live_soak.py --seconds 600      # the 10-minute run (docs/live.md)
+    python scripts/bench/live_soak.py --seconds 60       # a quick look
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 from avatar_render.bench import loop_speech
 from avatar_render.telemetry import rss_mb_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

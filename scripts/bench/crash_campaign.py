@@ -6,8 +6,8 @@ to three times - at a random moment of the generation, during the final copy int
 while the finished file is moved into place - running ``--resume`` after each kill, then lets the
 last ``--resume`` finish and compares the MP4 with the uninterrupted render, byte for byte:
 
-    python scripts/crash_campaign.py --trials 20 --seconds 150
-    python scripts/crash_campaign.py --trials 5 --seconds 12 --torchrun 2 -c configs/tiny.yaml
+    python scripts/bench/crash_campaign.py --trials 20 --seconds 150
+    python scripts/bench/crash_campaign.py --trials 5 --seconds 12 --torchrun 2 -c configs/tiny.yaml
 
 It prints one line per trial and ``N of N trials resumed to a byte-identical MP4``; it exits with 1
 if any did not.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from avatar_render.bench import loop_speech
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("generation", "copy", "move")
 
 # The CLI, stopped while it copies the finished fragmented file into a regular MP4 (when the copy has

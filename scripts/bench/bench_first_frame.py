@@ -3,9 +3,9 @@ for the first chunk as long as the others (``chunk.first_frames=0``: the plan be
 short; and the seam after the short first chunk against the other seams (``avatar-render inspect``'s
 seam measurement, boundary by boundary).
 
-    python scripts/bench_first_frame.py                       # the tiny backend on the CPU (configs/tiny.yaml)
-    python scripts/bench_first_frame.py -c configs/flashtalk.yaml --seconds 4 'face.box=[178,69,92,92]'
-    python scripts/bench_first_frame.py --json docs/first_frame_cpu.json
+    python scripts/bench/bench_first_frame.py                       # the tiny backend on the CPU (configs/tiny.yaml)
+    python scripts/bench/bench_first_frame.py -c configs/flashtalk.yaml --seconds 4 'face.box=[178,69,92,92]'
+    python scripts/bench/bench_first_frame.py --json docs/first_frame_cpu.json
 
 Tokens do not depend on the machine: a chunk's tokens are its latents times the patches of a latent
 frame, times the passes of a step and the steps. Before this work the first frame was published with
@@ -25,8 +25,7 @@ import tempfile
 import wave
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 from avatar_render.bench import first_frame_figures  # noqa: E402
 from avatar_render.face.patches import luma  # noqa: E402

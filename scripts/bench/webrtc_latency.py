@@ -16,11 +16,12 @@ in ``--viewers`` tabs at once and reports:
 
 ``--no-watch`` runs the same render with no viewer, for the speed a viewer costs.
 
-    python scripts/webrtc_latency.py --seconds 300
-    python scripts/webrtc_latency.py --seconds 300 --viewers 10
-    python scripts/webrtc_latency.py --seconds 300 --no-watch
-    python scripts/webrtc_latency.py --seconds 300 -- --live-buffer 1 chunk.chunk_frames=10 chunk.transition_frames=0
-    python scripts/webrtc_latency.py --seconds 300 --paced -- chunk.chunk_frames=10 chunk.transition_frames=0
+    python scripts/bench/webrtc_latency.py --seconds 300
+    python scripts/bench/webrtc_latency.py --seconds 300 --viewers 10
+    python scripts/bench/webrtc_latency.py --seconds 300 --no-watch
+    python scripts/bench/webrtc_latency.py --seconds 300 -- --live-buffer 1 chunk.chunk_frames=10 \
+        chunk.transition_frames=0
+    python scripts/bench/webrtc_latency.py --seconds 300 --paced -- chunk.chunk_frames=10 chunk.transition_frames=0
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from pathlib import Path
 from avatar_render.bench import loop_speech
 from avatar_render.telemetry import rss_mb_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required"]
 TAKE_SHOWN = "() => { const s = window.watch.shown; window.watch.shown = []; return s; }"

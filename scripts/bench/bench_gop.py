@@ -5,13 +5,12 @@ re-encodes the frames and audio of a video (e.g. a render of examples/talk.wav) 
 chunk by chunk with a resume point after every chunk, and prints the file size and the CPU seconds
 of the encode (all threads, decoding the source subtracted):
 
-    python scripts/bench_gop.py out.mp4 --gops 1,2,4,10 --chunk 50 --crf 20
+    python scripts/bench/bench_gop.py out.mp4 --gops 1,2,4,10 --chunk 50 --crf 20
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from fractions import Fraction
@@ -19,8 +18,6 @@ from pathlib import Path
 
 import av
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from avatar_render.io.spec import WriterSpec  # noqa: E402
 from avatar_render.io.writer import Mp4Writer  # noqa: E402

@@ -2,7 +2,7 @@
 parameters): lip gap against speech level, m/b/p closures and ee/oo widths (with the text, by forced
 alignment), silence, blinks, how much the rest of the face stays the reference, teeth.
 
-    python scripts/measure_preview.py VIDEO --ref REF --audio AUDIO [--text TEXT.txt] [--json OUT.json]
+    python scripts/figures/measure_preview.py VIDEO --ref REF --audio AUDIO [--text TEXT.txt] [--json OUT.json]
 
 Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all printed with the figures):
 * lip gap: distance between the inner lip contours (middle five points), in the reference's eye distances;

@@ -109,13 +109,25 @@ def require_cuda(want: str) -> None:
             f"model.device={want} was asked for, but no CUDA device is visible; use model.device=cpu.")
 
 
-def pick_device(launch: Launch, want: str = "auto") -> tuple["torch.device", str]:
-    """NCCL on this process's GPU, or gloo on the CPU: ``want`` is the models' device setting
-    (``auto``: a GPU when one is visible; ``cpu`` keeps the CPU even then; ``cuda``: a GPU or an error)."""
+def resolve_device(want: str, launched: Optional["torch.device"] = None) -> "torch.device":
+    """Where this process's models go, the one reading of the ``model.device`` setting ``want``:
+    ``auto`` a GPU when one is visible, else the CPU; ``cuda`` (``cuda:N``) a GPU or an error; ``cpu``
+    the CPU even where a GPU is visible. ``launched``: the device ``pick_device`` gave this process of
+    a launch (``mesh.device``), taken for any setting but the CPU."""
     import torch
 
     require_cuda(want)
-    if want != "cpu" and torch.cuda.is_available():
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    own = torch.device(want)
+    return launched if launched is not None and own.type != "cpu" else own
+
+
+def pick_device(launch: Launch, want: str = "auto") -> tuple["torch.device", str]:
+    """NCCL on this process's GPU, or gloo on the CPU, for the models' device setting ``want``."""
+    import torch
+
+    if resolve_device(want).type != "cpu" and torch.cuda.is_available():
         if launch.local_rank >= torch.cuda.device_count():
             raise AvatarRenderError(
                 f"Process {launch.rank} wants GPU {launch.local_rank}, but only {torch.cuda.device_count()} are "

@@ -1,12 +1,12 @@
 """Every "done means" figure of the preview in one run: renders the example and the extra recordings with
-the default configuration, measures each on its own frames with face landmarks (scripts/measure_preview.py),
+the default configuration, measures each on its own frames with face landmarks (scripts/figures/measure_preview.py),
 and times the whole job (encode included) at 512x512, 1280x720 and 1920x1080; a longer render of the
 example for the seam ratio (``avatar-render inspect``) and its peak memory against a 10 s render's.
 
-    python scripts/preview_figures.py [--out bench-out/preview] [--seam-s 198] [--skip-speed] [--skip-seams]
+    python scripts/figures/preview_figures.py [--out bench-out/preview] [--seam-s 198] [--skip-speed] [--skip-seams]
         [--only talk mbp ...] [--json figures.json] [overrides ...]
 
-The extra recordings are made by ``scripts/make_examples.py --extra OUT/rec`` (espeak-ng, and pip for the
+The extra recordings are made by ``scripts/fixtures/make_examples.py --extra OUT/rec`` (espeak-ng, and pip for the
 human voice) when missing; one that could not be made is left out, with a message.
 Needs the face landmark model (scripts/fetch_face_model.py). Overrides (key=value) go to every render.
 """
@@ -20,7 +20,7 @@ import sys
 import wave
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FACE = ROOT / "examples" / "face.png"
 TALK = ROOT / "examples" / "talk.wav"
 EXTRA = ("voice2", "spanish", "mbp", "eeoo", "mbp_f3", "mbp_text2", "librivox")
@@ -66,7 +66,8 @@ def main() -> None:
     out, rec = args.out, args.out / "rec"
     out.mkdir(parents=True, exist_ok=True)
     if not all((rec / f"{n}.wav").is_file() for n in EXTRA):
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_examples.py"), "--extra", str(rec)], check=True)
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "fixtures" / "make_examples.py"), "--extra", str(rec)],
+                       check=True)
     names = args.only if args.only is not None else ["talk", *EXTRA]
     for name in [n for n in names if n != "talk" and not (rec / f"{n}.wav").is_file()]:
         print(f"== {name}: left out ({rec / name}.wav could not be made)")
@@ -97,7 +98,6 @@ def main() -> None:
         print(f"== seams ({args.seam_s:.0f} s): {figures['seams']}")
     # (imported only now: a child's peak resident size starts at its parent's size when it was started, and the
     # measuring's libraries make this process large)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from measure_preview import measure
 
     for name in names:

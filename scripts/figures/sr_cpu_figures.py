@@ -2,9 +2,9 @@
 size and at the output size, and with each SR kind, each render in its own process on one thread.
 Prints, per render, the median over chunks of each stage's milliseconds per frame, the peak resident
 memory and what a checkpoint holds. The tiny models show the mechanics and the relative cost of the
-stages on a CPU; they say nothing about GPU speed (scripts/gpu_check.sh has those).
+stages on a CPU; they say nothing about GPU speed (scripts/gpu/gpu_check.sh has those).
 
-    python scripts/sr_cpu_figures.py --seconds 8
+    python scripts/figures/sr_cpu_figures.py --seconds 8
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 import wave
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNS = {  # name: (config, overrides)
     "no SR, 64x64": ("tiny.yaml", ()),
     "no SR, 128x128": ("tiny.yaml", ("video.width=128", "video.height=128")),

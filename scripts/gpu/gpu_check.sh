@@ -3,39 +3,39 @@
 # not depend on the weights' values). Each part has its own time limit and log, so one failure does
 # not lose the others' figures. Needs PyTorch with CUDA and the project's dependencies importable.
 #
-#   scripts/gpu_check.sh [OUT_DIR]        # figures and logs in OUT_DIR (default gpu-results)
+#   scripts/gpu/gpu_check.sh [OUT_DIR]        # figures and logs in OUT_DIR (default gpu-results)
 #
 # 1. render: the CLI end to end (flashtalk recipe, 640x640) on a few seconds of the example audio: time
 #    to first frame, generated fps, per-stage seconds, peak GPU memory; the MP4 is decoded back.
 # 2. switches: per-stage times, time to first frame, peak GPU memory per process and the visible
-#    overhead of each stage switch (scripts/bench_dist.py), DiT resident and DiT offloaded, and the
+#    overhead of each stage switch (scripts/bench/bench_dist.py), DiT resident and DiT offloaded, and the
 #    40-step recipe at 480p and 720p; with several GPUs under torchrun over all of them.
 # 3. speed: DiT pass / step / chunk, VAE decode, achieved TFLOP/s, peak memory at 480p and 720p, for
 #    the InfiniteTalk (40 steps, 3 passes) and FlashTalk (4 steps, 1 pass) recipes; DiT resident and
-#    streamed block by block from pinned host memory (scripts/gpu_check.py).
+#    streamed block by block from pinned host memory (scripts/gpu/gpu_check.py).
 # 4. speed_compiled: the DiT passes at 480p with each block compiled (torch.compile), against eager.
-# 5. sr: the SR stage at full size (scripts/gpu_check.py --sr): SwiftVR's chunk (ReAE encode, one DiT
+# 5. sr: the SR stage at full size (scripts/gpu/gpu_check.py --sr): SwiftVR's chunk (ReAE encode, one DiT
 #    pass, ReAE decode) at 1280x720 and 1920x1080 output from 640x352 and 960x528, SR fps, peak memory,
 #    the SR DiT resident and streamed from host memory, the face guard, and the 2x decoder (the cheap path).
 # 6. sr_render: the CLI end to end with configs/flashtalk-sr720p.yaml (generate 640x352, publish 1280x720):
 #    the MP4 decoded back at 1280x720, and the report's stage seconds with decode and sr.
 # 7. sr_switches: per-stage times and switches with SR in the loop (a2v -> decode -> sr -> context),
-#    scripts/bench_dist.py on configs/flashtalk-sr720p.yaml, SR DiT resident and offloaded.
+#    scripts/bench/bench_dist.py on configs/flashtalk-sr720p.yaml, SR DiT resident and offloaded.
 # SKIP_SPEED=1 / SKIP_COMPILE=1 / SKIP_SR=1 leave parts 3 / 4 / 5-7 out.
 #
-#   scripts/gpu_check.sh [OUT_DIR] firstframe   # only issue 19's checks, in under 10 minutes (about 9):
+#   scripts/gpu/gpu_check.sh [OUT_DIR] firstframe   # only issue 19's checks, in under 10 minutes (about 9):
 #
-# F1. levers (scripts/gpu_levers.py, limit 300 s): one full-size DiT pass at the FlashTalk shapes (the
+# F1. levers (scripts/gpu/gpu_levers.py, limit 300 s): one full-size DiT pass at the FlashTalk shapes (the
 #     short first chunk, 2 latents; a later chunk, 9 latents) at 640x640 and 768x448, for the eager
 #     baseline and each lever alone (cache_kv, each SDPA backend, compiled blocks, fp8 with torchao, a
 #     CUDA graph) and all that help together: ms per pass, TFLOP/s, MFU against the dense bf16 peak,
 #     FLOPs counted against by hand, and the generated fps of a 4-step chunk (plus the VAE decode, also
 #     timed); then the FlashTalk pipeline run twice in one process, with run.overlap_decode off and on:
 #     warm time to first frame and to the first sampled frames (ms and DiT tokens before them), fps.
-# F2. first_frame (scripts/bench_first_frame.py, limit 200 s): the CLI render of 2 s with the FlashTalk
+# F2. first_frame (scripts/bench/bench_first_frame.py, limit 200 s): the CLI render of 2 s with the FlashTalk
 #     recipe, chunk.first_frames=0 (as before) and 4: time to first frame in s and DiT tokens, the first
 #     sampled frames, the seam after the first chunk against the others, generated fps.
-# F3. load (scripts/bench_load.py, limit 80 s): 4 of the 14B DiT's 40 blocks written as 7 shards and read
+# F3. load (scripts/bench/bench_load.py, limit 80 s): 4 of the 14B DiT's 40 blocks written as 7 shards and read
 #     back one file after the other to the host then the GPU (before) and side by side straight to the
 #     GPU (now): seconds and GB/s, and what that makes of the 40-block DiT.
 # The figures go to docs/gpu_levers_<gpu>.json, docs/gpu_first_frame_<gpu>.json and docs/gpu_load_<gpu>.json
@@ -47,7 +47,7 @@ mkdir -p "$out"
 py=${PYTHON:-python3}
 seconds=${SECONDS_OF_AUDIO:-6}
 export PYTHONUNBUFFERED=1
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 part() {  # part NAME LIMIT_S COMMAND...
   local name=$1 limit=$2 t=$SECONDS
@@ -72,10 +72,10 @@ box='face.box=[178,69,92,92]'  # the example face: no face-detector files needed
 if [ "$only" = firstframe ]; then
   tag=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '[A-Z][0-9]{2,4}[A-Z]*' | head -1 | tr 'A-Z' 'a-z')
   tag=${tag:-gpu}
-  part levers "${LEVERS_LIMIT:-300}" "$py" scripts/gpu_levers.py --repeats 2 --json "docs/gpu_levers_$tag.json"
-  part first_frame "${FIRST_LIMIT:-200}" "$py" scripts/bench_first_frame.py -c configs/flashtalk.yaml --seconds 2 --first 0,4 \
+  part levers "${LEVERS_LIMIT:-300}" "$py" scripts/gpu/gpu_levers.py --repeats 2 --json "docs/gpu_levers_$tag.json"
+  part first_frame "${FIRST_LIMIT:-200}" "$py" scripts/bench/bench_first_frame.py -c configs/flashtalk.yaml --seconds 2 --first 0,4 \
     --json "docs/gpu_first_frame_$tag.json" "$box"
-  part load "${LOAD_LIMIT:-80}" "$py" scripts/bench_load.py --layers 4 --json "docs/gpu_load_$tag.json"
+  part load "${LOAD_LIMIT:-80}" "$py" scripts/bench/bench_load.py --layers 4 --json "docs/gpu_load_$tag.json"
   echo "=== firstframe: done after $SECONDS s; figures in docs/gpu_*_$tag.json"
   exit 0
 fi
@@ -98,19 +98,19 @@ if [ "${gpus:-0}" -gt 1 ]; then
   launch=(torchrun --standalone --nproc-per-node "$gpus")
   dist=("dist.sp=$gpus")
 fi
-part switches "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" "${dist[@]}"
-part switches_offloaded "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" \
+part switches "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" "${dist[@]}"
+part switches_offloaded "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" \
   dist.offload.dit=offloaded "${dist[@]}"
 # The 40-step recipe at 480p and 720p, two chunks of NODE_STEPS steps each (the per-step time is printed;
 # a 40-step chunk takes about 40 of them).
 for size in 480p 720p; do
-  part "node_$size" "${NODE_LIMIT:-240}" "${launch[@]}" scripts/bench_dist.py -c "configs/infinitetalk-$size.yaml" --seconds 3 "$box" \
+  part "node_$size" "${NODE_LIMIT:-240}" "${launch[@]}" scripts/bench/bench_dist.py -c "configs/infinitetalk-$size.yaml" --seconds 3 "$box" \
     "model.steps=${NODE_STEPS:-1}" "${dist[@]}"
 done
 
 # The SR stage: its speed at full size, an end-to-end render through it, and the stage switches around it.
 if [ -z "${SKIP_SR:-}" ]; then
-  part sr "${SR_LIMIT:-240}" "$py" scripts/gpu_check.py --sr --out "$out/sr.json"
+  part sr "${SR_LIMIT:-240}" "$py" scripts/gpu/gpu_check.py --sr --out "$out/sr.json"
   part sr_render "${SR_RENDER_LIMIT:-240}" "$py" -m avatar_render render --ref examples/face.png --audio "$out/clip.wav" \
     -c configs/flashtalk-sr720p.yaml -o "$out/render_sr.mp4" --report "$out/render_sr.json" --force "$box"
   part sr_probe 30 "$py" -c '
@@ -121,11 +121,11 @@ with av.open(sys.argv[1]) as c:
 r = json.load(open(sys.argv[2]))
 print("stage seconds:", {k: round(v, 2) for k, v in r["stage_s"].items()}, "| generated fps", r["generated_fps"], "| peak GPU MiB", r["peak_gpu_mb"])
 ' "$out/render_sr.mp4" "$out/render_sr.json"
-  part sr_switches "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk-sr720p.yaml --seconds 3 "$box" "${dist[@]}"
-  part sr_switches_offloaded "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench_dist.py -c configs/flashtalk-sr720p.yaml --seconds 3 "$box" \
+  part sr_switches "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench/bench_dist.py -c configs/flashtalk-sr720p.yaml --seconds 3 "$box" "${dist[@]}"
+  part sr_switches_offloaded "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench/bench_dist.py -c configs/flashtalk-sr720p.yaml --seconds 3 "$box" \
     dist.offload.sr=offloaded "${dist[@]}"
 fi
 
 # The speed figures (docs/benchmarks.md has them for one H200), then, least sure to fit, compiled blocks.
-[ -n "${SKIP_SPEED:-}" ] || part speed "${SPEED_LIMIT:-220}" "$py" scripts/gpu_check.py --out "$out/speed.json"
-[ -n "${SKIP_COMPILE:-}" ] || part speed_compiled "${COMPILE_LIMIT:-300}" "$py" scripts/gpu_check.py --compile --sizes 640x640 --repeats 1
+[ -n "${SKIP_SPEED:-}" ] || part speed "${SPEED_LIMIT:-220}" "$py" scripts/gpu/gpu_check.py --out "$out/speed.json"
+[ -n "${SKIP_COMPILE:-}" ] || part speed_compiled "${COMPILE_LIMIT:-300}" "$py" scripts/gpu/gpu_check.py --compile --sizes 640x640 --repeats 1

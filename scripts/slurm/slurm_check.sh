@@ -4,11 +4,11 @@
 # that every video is there with its frame count, each job rendered by exactly one task. Then submits
 # the array again: everything is skipped and nothing is touched.
 #
-#   sudo scripts/slurm_check.sh [WORK_DIR]      # as root, from a checkout with .venv (scripts/test.sh makes it)
+#   sudo scripts/slurm/slurm_check.sh [WORK_DIR]      # as root, from a checkout with .venv (scripts/test.sh makes it)
 #
 # Needs: apt-get install -y slurm-wlm munge. Ports: SLURMCTLD_PORT, SLURMD_PORT (6817, 6818).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 root=$(pwd)
 py=${PYTHON:-$root/.venv/bin/python}
 work=${1:-$(mktemp -d -t avatar-slurm-XXXXXX)}

@@ -22,7 +22,6 @@ class LiveOptions:
     preroll_s: float = 1.0  # push targets: packet n leaves at start + its time + this
     buffer_s: float = 10.0  # push targets: encoded media queued ahead of the wire (memory stays flat)
     retry_s: float = 30.0  # push targets: a lost connection is retried this long, then given up
-    gop_seconds: float = 2.0  # keyframe interval (and HLS segment) of a live render, if below video.gop_seconds
     linger_s: float = 10.0  # --serve: after the render, go on serving while the page was open this recently
 
     @property

@@ -1,10 +1,10 @@
-"""The preview on photos that are not the example: renders each photo of ``scripts/make_examples.py --faces``
+"""The preview on photos that are not the example: renders each photo of ``scripts/fixtures/make_examples.py --faces``
 with two voices (examples/talk.wav and the extra ``mbp`` recording), measures every render on its own
-frames (scripts/measure_preview.py: aperture vs speech, silence, closures, the inner mouth's teeth and grey
+frames (scripts/figures/measure_preview.py: aperture vs speech, silence, closures, the inner mouth's teeth and grey
 level spread on the widest-open third of the speech frames), times the whole job, and writes a contact
-sheet per photo (scripts/preview_frames.py).
+sheet per photo (scripts/figures/preview_frames.py).
 
-    python scripts/preview_references.py [--out bench-out/references] [--sheets docs] [--json OUT.json]
+    python scripts/figures/preview_references.py [--out bench-out/references] [--sheets docs] [--json OUT.json]
 
 The photos and recordings are made into OUT/faces and OUT/rec when missing (pip, espeak-ng); ones that
 could not be made are left out, with a message. Needs the face landmark model (scripts/fetch_face_model.py).
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TALK = ROOT / "examples" / "talk.wav"
 PHOTOS = ("biden.jpg", "glasses.jpg", "obama3.jpg", "obama.jpg")
 FIGURES = (
@@ -46,9 +46,9 @@ def main() -> None:
     faces, rec = args.out / "faces", args.out / "rec"
     if not all((faces / p).is_file() for p in PHOTOS[:3]):
         faces.mkdir(parents=True, exist_ok=True)
-        run(str(ROOT / "scripts" / "make_examples.py"), "--faces", str(faces))
+        run(str(ROOT / "scripts" / "fixtures" / "make_examples.py"), "--faces", str(faces))
     if not (rec / "mbp.wav").is_file():
-        run(str(ROOT / "scripts" / "make_examples.py"), "--extra", str(rec))
+        run(str(ROOT / "scripts" / "fixtures" / "make_examples.py"), "--extra", str(rec))
     voices = [("talk", TALK, None)]
     if (rec / "mbp.wav").is_file():
         voices.append(("mbp", rec / "mbp.wav", rec / "mbp.txt"))
@@ -65,8 +65,8 @@ def main() -> None:
             run("-m", "avatar_render", "render", "--ref", str(ref), "--audio", str(audio), "-o", str(video),
                 "--report", str(report), "--force")
             figures = video.with_suffix(".json")
-            cmd = [str(ROOT / "scripts" / "measure_preview.py"), str(video), "--ref", str(ref), "--audio", str(audio),
-                   "--json", str(figures)]
+            cmd = [str(ROOT / "scripts" / "figures" / "measure_preview.py"), str(video), "--ref", str(ref),
+                   "--audio", str(audio), "--json", str(figures)]
             try:
                 run(*cmd, *(["--text", str(text)] if text is not None else []))
             except subprocess.CalledProcessError:
@@ -79,8 +79,8 @@ def main() -> None:
             print(ref.stem, voice, results[f"{ref.stem}/{voice}"], flush=True)
             if voice == "talk":
                 sheets.mkdir(parents=True, exist_ok=True)
-                run(str(ROOT / "scripts" / "preview_frames.py"), str(video), "--ref", str(ref), "--tile", "160",
-                    "-o", str(sheets / f"preview_ref_{ref.stem.lower()}.png"))
+                run(str(ROOT / "scripts" / "figures" / "preview_frames.py"), str(video), "--ref", str(ref),
+                    "--tile", "160", "-o", str(sheets / f"preview_ref_{ref.stem.lower()}.png"))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
 

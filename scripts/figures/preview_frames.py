@@ -1,7 +1,7 @@
 """Contact sheet of a render: the frames where the mouth is most open, closed, rounded and spread, a blink,
 and the head turned furthest, chosen by face landmarks found in the frames, beside the reference.
 
-    python scripts/preview_frames.py VIDEO --ref REF -o sheet.png [--crop face|frame] [--tile 256]
+    python scripts/figures/preview_frames.py VIDEO --ref REF -o sheet.png [--crop face|frame] [--tile 256]
 
 Needs the face landmark model (scripts/fetch_face_model.py).
 """

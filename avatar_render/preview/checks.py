@@ -1,0 +1,43 @@
+"""What ``avatar-render doctor`` says of the preview backend: which face landmarks and mouth shapes it
+uses here (both work without their model), and whether it can run (the encoders, OpenCV's cascades)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from avatar_render.backends import PREVIEW, Check
+from avatar_render.errors import AvatarRenderError
+from avatar_render.face.detect import FaceDetector
+from avatar_render.face.landmarks import GET_MODEL, find_model, model_search_paths
+
+
+def checks(cfg, *, can_encode: bool, version: Callable[[str], str | None]) -> list[Check]:
+    ok = can_encode and not FaceDetector().missing_files()
+    why = ("runs on the CPU, no weights needed" if ok
+           else "needs the libx264 and aac encoders and OpenCV's face cascades")
+    return [*_models(cfg), Check("backends", PREVIEW.name, ok, why)]
+
+
+def _models(cfg) -> list[Check]:
+    from avatar_render.preview.phones import model_dir
+
+    setting = cfg.face.landmarks if cfg is not None else "auto"
+    try:
+        path = find_model(setting)
+    except AvatarRenderError as e:
+        path, problem = None, str(e)
+    else:
+        problem = ""
+    if path is not None:
+        landmarks = Check("models", "face landmarks", True, f"MediaPipe face mesh, 468 points: {path}")
+    else:
+        why = problem or ("face.landmarks=template" if setting == "template"
+                          else f"not installed (looked in {', '.join(map(str, model_search_paths()))})")
+        landmarks = Check("models", "face landmarks", True, f"template mesh on the detector's boxes ({why}); "
+                          f"for exact lips and eyelids: {GET_MODEL}")
+    root = model_dir()
+    phones = (Check("models", "phones", True, f"PocketSphinx allphone, English acoustic model: {root}")
+              if root is not None
+              else Check("models", "phones", True,
+                         "PocketSphinx not installed: mouth shapes from loudness only (pip install pocketsphinx)"))
+    return [landmarks, phones]
