@@ -30,7 +30,7 @@ UPPER_TEETH = (8.5 / 40, 6.5 / 40, 7.5 / 40, 7.0 / 40, 6.5 / 40)
 LOWER_TEETH = (5.5 / 40, 6.0 / 40, 7.0 / 40, 7.0 / 40, 7.0 / 40)
 UPPER_SHOW = (0.075, 0.068, 0.07, 0.055, 0.05)  # how far each upper tooth reaches below the lip line, mouth widths
 LOWER_SHOW = 0.022  # how far the lower incisors rise above the lower lip's line with the jaw, mouth widths
-TONGUE_RISE = 0.045  # the tongue's back above the lower teeth's edge, mouth widths
+TONGUE_RISE = 0.02  # the tongue's back above the lower teeth's edge, mouth widths
 ARCH = 0.5  # radius of the dental arch, mouth widths
 # Lips rounded (0..1) less than the first leave the teeth lit, more than the second put them in full shade
 ROUND_SHADE = (0.3, 0.55)
