@@ -327,16 +327,17 @@ def _lip_seam(out: np.ndarray, mesh: fm.FaceMesh, moved: np.ndarray, rect: Rect,
     ends, _ = face_coords(mid[[0, -1], 0], mid[[0, -1], 1], mesh)
     r = np.abs(s - 0.5 * (ends[0] + ends[1])) / max(0.5 * float(ends[1] - ends[0]), 1.0)
     along = np.clip((1.05 - r) / 0.2, 0, 1)
-    a = (np.exp(-((d / band) ** 2)) * along * amount).astype(np.float32)
+    cover = np.clip((2.0 - np.abs(d) / band) / 0.8, 0, 1)  # whole to 1.2 bands from the line, none from 2
+    a = (cover * cover * (3 - 2 * cover) * along * amount).astype(np.float32)
     _, ey = mesh.axes()
-    push = np.where(d < 0, -1.6, 1.6) * band  # into the lip on the same side, beyond the band
+    push = np.where(d < 0, -2.2, 2.2) * band  # into the lip on the same side, beyond the band
     tex = cv2.remap(out, (xs + push * float(ey[0])).astype(np.float32), (ys + push * float(ey[1])).astype(np.float32),
                     cv2.INTER_LINEAR,
                     borderMode=cv2.BORDER_REPLICATE).astype(np.float32)
     line = np.exp(-((d / max(0.6, 0.012 * width)) ** 2)) * along * amount
     region = out[rect.slices].astype(np.float32)
     region = region + a[..., None] * (tex - region)
-    out[rect.slices] = np.clip(region * (1 - 0.25 * line)[..., None] + 0.5, 0, 255).astype(np.uint8)
+    out[rect.slices] = np.clip(region * (1 - 0.12 * line)[..., None] + 0.5, 0, 255).astype(np.uint8)
 
 
 def _residual_seal(closed: np.ndarray, mesh: fm.FaceMesh) -> np.ndarray:
