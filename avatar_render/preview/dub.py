@@ -337,7 +337,7 @@ def _lip_seam(out: np.ndarray, mesh: fm.FaceMesh, moved: np.ndarray, rect: Rect,
     line = np.exp(-((d / max(0.6, 0.012 * width)) ** 2)) * along * amount
     region = out[rect.slices].astype(np.float32)
     region = region + a[..., None] * (tex - region)
-    out[rect.slices] = np.clip(region * (1 - 0.12 * line)[..., None] + 0.5, 0, 255).astype(np.uint8)
+    out[rect.slices] = np.clip(region * (1 - 0.06 * line)[..., None] + 0.5, 0, 255).astype(np.uint8)
 
 
 def _residual_seal(closed: np.ndarray, mesh: fm.FaceMesh) -> np.ndarray:
