@@ -9,7 +9,8 @@ import pytest
 
 from avatar_render.face import mesh as fm
 from avatar_render.preview.render import render_frame
-from avatar_render.preview.rig import contour_t, face_coords
+from avatar_render.preview.rig import OPEN_LEVELS, contour_t, face_coords
+from avatar_render.preview.shapes import PART_KNEE
 from tests.test_preview import rig_for, row
 
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
@@ -123,6 +124,8 @@ def test_a_closed_mouth_parts_visibly_as_soon_as_it_speaks(closed):
         assert off.sum() * 0.5 >= 0.05 * closed.mouth.width_px  # (samples every half pixel)
     rest = np.abs(_middle_column(closed, row(0.0)) - lips) >= 40
     assert rest.sum() * 0.5 < 0.01 * closed.mouth.width_px  # and none at rest
+    # (the parting's knee is one of the warp bank's levels, so the bank's blend of it is exact)
+    assert PART_KNEE in OPEN_LEVELS
     # A reference that shows its teeth opens as it did.
     example = rig_for(512, 512).rig.mouth
     assert np.allclose(example.moved(0.15, 0.0), example.base + 0.15 * example.jaw)

@@ -2,9 +2,9 @@
 their line runs across the teeth (a render then splits the teeth and cannot close the mouth). Where the
 picture shows teeth inside the template's mouth, its lips are opened around them.
 
-Teeth: pixels brighter than the cheeks and far greyer than them (their largest connected patch), in the middle of the
-template's mouth and up to its own height above and below it (the template's mouth is found 0.1-0.2 eye
-distances off on smiles). Closed-mouth portraits have none there; smiles, a quarter or more of it.
+Teeth: pixels about as bright as the cheeks (0.85 of their grey level or more) and far greyer than them, their
+largest connected patch, in the middle of the template's mouth and up to its own height above and below it
+(the template's mouth is found 0.1-0.2 eye distances off on smiles). Closed-mouth portraits have none there.
 """
 
 from __future__ import annotations
