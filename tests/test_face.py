@@ -283,3 +283,30 @@ def test_setup_refuses_a_dest_that_is_not_a_folder(tmp_path: Path) -> None:
                           capture_output=True, text=True)
     assert done.returncode == 1 and "is not a folder" in done.stderr and "Traceback" not in done.stderr
     assert afile.read_bytes() == b"x"
+
+
+def test_the_template_opens_its_lips_around_the_teeth_of_a_smile(portrait: np.ndarray, layout: FaceLayout) -> None:
+    """The template's lips are closed; placed on a smile they ran across the teeth. Opened around them, the
+    teeth lie between its inner lips; a mouth that shows no teeth leaves it as it was."""
+    from avatar_render.face.teeth import open_to_teeth
+
+    mesh = fm.template_mesh(layout)
+    assert mesh.lip_gap() < 0.5
+    opened = open_to_teeth(portrait, mesh)
+    assert 4 < opened.lip_gap() < 14  # the example's teeth: 5-12 px between the lips (hand-measured lips 16 px)
+    inner = np.concatenate([opened.at(fm.LIPS_INNER_UPPER), opened.at(fm.LIPS_INNER_LOWER)[::-1]])
+    assert LIPS.y - 3 <= inner[:, 1].min() and inner[:, 1].max() <= LIPS.y + LIPS.h + 3
+    x0, y0 = int(LIPS.x + 0.3 * LIPS.w), int(LIPS.y)
+    box = portrait[y0 : y0 + int(LIPS.h), x0 : int(LIPS.x + 0.7 * LIPS.w)].astype(np.float32)
+    grey = box @ np.array([0.299, 0.587, 0.114], np.float32)
+    teeth = (grey > 215) & (box.max(axis=2) - box.min(axis=2) < 0.15 * grey)
+    ys, xs = np.nonzero(teeth)
+    assert len(ys) > 10
+    inside = [cv2.pointPolygonTest(inner.astype(np.float32), (float(x + x0 + 0.5), float(y + y0 + 0.5)), False) >= 0
+              for x, y in zip(xs, ys)]
+    assert np.mean(inside) > 0.8
+    # Lips together (the teeth painted over with the lips' colour): nothing to open.
+    shut = portrait.copy()
+    lips = portrait[int(LIPS.y) + 12, int(LIPS.cx)]
+    shut[int(LIPS.y) : int(LIPS.y + LIPS.h), int(LIPS.x) : int(LIPS.x + LIPS.w)] = lips
+    assert open_to_teeth(shut, mesh) is mesh

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from avatar_render.config import load_config
+from avatar_render.face import mesh as fm
 from avatar_render.face.landmarks import find_model
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import load_reference
@@ -266,6 +267,22 @@ def test_face_off_centre_and_template_fallback(tmp_path):
         )
         frame = render_frame(static.rig, row(open_=0.5))
         assert np.abs(frame.astype(np.int16) - static.rig.image).max() > 30  # the mouth moved
+
+
+def test_the_template_on_a_smile_shows_its_teeth_and_shuts_over_them():
+    """Without the landmark model, the example's smile: the template's lips opened around its teeth, the rig
+    moves them as the reference's own (not a generated interior over split teeth) and lips pressed shut hide them."""
+    rig = rig_for(512, 512, "face.landmarks=template").rig
+    assert rig.mesh.source == "template" and rig.teeth.visible and rig.synth is None
+    grey = lambda a: a.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)  # noqa: E731
+    inner = np.concatenate([rig.mesh.at(fm.LIPS_INNER_UPPER), rig.mesh.at(fm.LIPS_INNER_LOWER)[::-1]])
+    mouth = np.zeros(rig.image.shape[:2], np.uint8)
+    cv2.fillPoly(mouth, [np.round(inner).astype(np.int32)], 1)
+    mouth = mouth > 0
+    teeth = (grey(rig.image)[mouth] > 200).sum()
+    assert teeth > 40
+    shut = render_frame(rig, row(-1.0))
+    assert (grey(shut)[mouth] > 200).sum() < 0.25 * teeth
 
 
 def test_a_short_first_chunk_publishes_the_first_frames_early(tmp_path):

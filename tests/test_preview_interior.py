@@ -9,7 +9,8 @@ import pytest
 
 from avatar_render.face import mesh as fm
 from avatar_render.preview.render import render_frame
-from avatar_render.preview.rig import contour_t, face_coords
+from avatar_render.preview.rig import OPEN_LEVELS, contour_t, face_coords
+from avatar_render.preview.shapes import PART_KNEE
 from tests.test_preview import rig_for, row
 
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
@@ -101,3 +102,39 @@ def test_the_interior_is_as_soft_and_grainy_as_the_photo(closed):
     assert sharp < 1.0 and 1.4 < soft < 2.6  # a 2-pixel blur is read back
     assert smooth < 0.5 * grain
     assert closed.synth.blur < 0.5 and abs(float(closed.synth.noise.std()) - grain * 1.06) < 0.3 * grain
+
+
+def _middle_column(rig, p) -> np.ndarray:
+    """Grey levels down the middle of the mouth, from the moved outer upper to the outer lower lip contour."""
+    frame = render_frame(rig, p).astype(np.float32) @ LUMA
+    moved = rig.mouth.moved(float(p[0]), float(p[1]))
+    top, bottom = moved[0], moved[17]  # the outer lips' middle points
+    n = int(np.ceil(np.linalg.norm(bottom - top) * 2)) + 1
+    xs = np.linspace(top[0], bottom[0], n, dtype=np.float32) - 0.5
+    ys = np.linspace(top[1], bottom[1], n, dtype=np.float32) - 0.5
+    return cv2.remap(frame, xs[None], ys[None], cv2.INTER_LINEAR)[0]
+
+
+def test_a_closed_mouth_parts_visibly_as_soon_as_it_speaks(closed):
+    """A quiet sound (open 0.15) shows a gap between closed lips that differs from them as much as a mouth
+    that showed its teeth at rest does: 0.05 mouth widths or more of it 40 grey levels off the lips."""
+    lips = float(closed.synth.cavity @ LUMA) / 0.38
+    for p in (row(0.15), row(0.15, 0.5)):
+        off = np.abs(_middle_column(closed, p) - lips) >= 40
+        assert off.sum() * 0.5 >= 0.05 * closed.mouth.width_px  # (samples every half pixel)
+    rest = np.abs(_middle_column(closed, row(0.0)) - lips) >= 40
+    assert rest.sum() * 0.5 < 0.01 * closed.mouth.width_px  # and none at rest
+    # (the parting's knee is one of the warp bank's levels, so the bank's blend of it is exact)
+    assert PART_KNEE in OPEN_LEVELS
+    # A reference that shows its teeth opens as it did.
+    example = rig_for(512, 512).rig.mouth
+    assert np.allclose(example.moved(0.15, 0.0), example.base + 0.15 * example.jaw)
+
+
+def test_rounded_lips_open_on_shade_not_on_lip_grey(closed):
+    """An oo's opening is dark: teeth half in shade were as grey as the lips and read as lips shut."""
+    lips = float(closed.synth.cavity @ LUMA) / 0.38
+    for rounded in (0.4, 0.8):
+        luma, _, _ = _opening(closed, row(0.5, -rounded))
+        assert (np.abs(luma - lips) >= 40).mean() > 0.75
+        assert np.median(luma) < lips - 40

@@ -12,6 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import av
+import cv2
 import numpy as np
 import pytest
 from PIL import Image
@@ -19,6 +20,7 @@ from PIL import Image
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
 from avatar_render.errors import AvatarRenderError
+from avatar_render.face import mesh as fm
 from avatar_render.face.detect import FaceDetector
 from avatar_render.face.landmarks import LandmarkModel, find_model
 from avatar_render.io.audio import AudioReader
@@ -330,3 +332,32 @@ def test_tiny_diffusion_backend_renders_a_video_reference(media):
     rep = render(RenderRequest(reference=media / "take.mp4", audio=media / "short.wav", output=media / "tiny.mp4",
                                config=cfg, force=True))
     assert rep.frames == 25 == len(frames_of(media / "tiny.mp4"))
+
+
+def test_a_shut_source_mouth_keeps_the_lips_texture_and_a_line_where_they_meet():
+    """The example (teeth showing) dubbed to lips together: the squashed teeth are covered by the lips' own
+    texture, not a smooth band of one colour, and the lips meet in a line darker than either lip."""
+    from avatar_render.preview.dub import DubRig, mouth_triangles, redub
+    from avatar_render.preview.rig import contour_t, face_coords
+    from tests.test_preview import rig_for
+
+    rig = rig_for(512, 512).rig
+    image, mesh = rig.image, rig.mesh
+    shut = redub(image, mesh, DubRig(triangles=mouth_triangles(mesh)), 0.0, 0.0)
+    grey = shut.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    detail = grey - cv2.GaussianBlur(grey, (0, 0), 1.0)
+    ys, xs = np.mgrid[0 : grey.shape[0], 0 : grey.shape[1]]
+    s, t = face_coords(xs + 0.5, ys + 0.5, mesh)
+    upper, lower = mesh.at(fm.LIPS_OUTER_UPPER), mesh.at(fm.LIPS_OUTER_LOWER)
+    top, bottom = contour_t(s, upper, mesh), contour_t(s, lower, mesh)
+    middle = np.abs(s) < 0.3 * mesh.mouth_width()
+    # Where the lips met: the darkest row of the middle of the mouth between the outer contours.
+    rows = [(k, float(grey[middle & (np.abs(t - k) < 0.5)].mean())) for k in np.arange(top[middle].min(),
+                                                                                        bottom[middle].max(), 0.5)]
+    meet = min(rows, key=lambda kv: kv[1])[0]
+    band = middle & (np.abs(t - meet) < 0.05 * mesh.mouth_width()) & (np.abs(t - meet) > 1.0)
+    lips = middle & (t > meet + 0.1 * mesh.mouth_width()) & (t < bottom - 1.0)
+    assert band.sum() > 20 and lips.sum() > 20
+    assert detail[band].std() > 0.5 * detail[lips].std()  # the lips' grain, not a smooth band
+    line = middle & (np.abs(t - meet) < 0.5)
+    assert grey[line].mean() < grey[band].mean() - 4

@@ -29,7 +29,7 @@ from avatar_render.files.names import shown
 from avatar_render.io.video_source import SourceFrames, VideoReference
 from avatar_render.pipeline.types import Frames, RequestInput
 from avatar_render.preview.motion import OPEN, WIDTH
-from avatar_render.preview.rig import mesh_vertices
+from avatar_render.preview.rig import contour_t, face_coords, mesh_vertices
 from avatar_render.preview.shapes import JAW_DROP, LIP_RAISE, MouthShape
 from avatar_render.preview.warp import Rect, backward_map, delaunay, polygon_mask
 
@@ -314,21 +314,30 @@ def redub(image: np.ndarray, mesh: fm.FaceMesh, rig: DubRig, open_: float, width
 
 def _lip_seam(out: np.ndarray, mesh: fm.FaceMesh, moved: np.ndarray, rect: Rect, amount: float) -> None:
     """Where an open source mouth was shut, its teeth and dark interior are squashed into a line between the
-    lips: paint that line with the lips' own colour (a soft band along the closed inner contour)."""
-    line = np.concatenate([moved[list(fm.LIPS_INNER_UPPER)], moved[list(fm.LIPS_INNER_LOWER)][::-1]])
-    band = max(1.0, 0.05 * mesh.mouth_width())
-    mask = np.zeros((rect.h, rect.w), np.uint8)
-    pts = np.round((line - (rect.x0, rect.y0) - 0.5) * 16).astype(np.int32)
-    cv2.polylines(mask, [pts], True, 255, thickness=max(1, int(round(2 * band))), lineType=cv2.LINE_AA, shift=4)
-    a = cv2.GaussianBlur(mask.astype(np.float32) / 255, (0, 0), band / 2)[..., None] * np.float32(amount)
-    lips = mesh.at(fm.LIPS_OUTER_LOWER[2:-2] + fm.LIPS_OUTER_UPPER[2:-2])
-    centre = mesh.at(fm.LIPS_INNER_LOWER[2:-2] + fm.LIPS_INNER_UPPER[2:-2])
-    h, w = out.shape[:2]
-    pick = (0.5 * (lips + centre[: len(lips)])).astype(int)  # half way into each lip: its colour, not the gap's
-    xs, ys = np.clip(pick[:, 0], 0, w - 1), np.clip(pick[:, 1], 0, h - 1)
-    colour = np.median(out[ys, xs].astype(np.float32), axis=0)
+    lips: cover that line with the lips' own texture, taken from just beyond it in each lip (the upper half
+    of the band from the upper lip, the lower half from the lower; its creases and grain, not a flat colour),
+    and let the lips meet in a faint dark line."""
+    upper, lower = moved[list(fm.LIPS_INNER_UPPER)], moved[list(fm.LIPS_INNER_LOWER)]
+    mid = 0.5 * (upper + lower)
+    width = max(mesh.mouth_width(), 1.0)
+    band = max(1.0, 0.05 * width)
+    xs, ys = rect.grid()
+    s, t = face_coords(xs + 0.5, ys + 0.5, mesh)
+    d = t - contour_t(s, mid, mesh)  # below the closed line, pixels
+    ends, _ = face_coords(mid[[0, -1], 0], mid[[0, -1], 1], mesh)
+    r = np.abs(s - 0.5 * (ends[0] + ends[1])) / max(0.5 * float(ends[1] - ends[0]), 1.0)
+    along = np.clip((1.05 - r) / 0.2, 0, 1)
+    cover = np.clip((2.0 - np.abs(d) / band) / 0.8, 0, 1)  # whole to 1.2 bands from the line, none from 2
+    a = (cover * cover * (3 - 2 * cover) * along * amount).astype(np.float32)
+    _, ey = mesh.axes()
+    push = np.where(d < 0, -2.2, 2.2) * band  # into the lip on the same side, beyond the band
+    tex = cv2.remap(out, (xs + push * float(ey[0])).astype(np.float32), (ys + push * float(ey[1])).astype(np.float32),
+                    cv2.INTER_LINEAR,
+                    borderMode=cv2.BORDER_REPLICATE).astype(np.float32)
+    line = np.exp(-((d / max(0.6, 0.012 * width)) ** 2)) * along * amount
     region = out[rect.slices].astype(np.float32)
-    out[rect.slices] = np.clip(region + a * (colour - region) + 0.5, 0, 255).astype(np.uint8)
+    region = region + a[..., None] * (tex - region)
+    out[rect.slices] = np.clip(region * (1 - 0.06 * line)[..., None] + 0.5, 0, 255).astype(np.uint8)
 
 
 def _residual_seal(closed: np.ndarray, mesh: fm.FaceMesh) -> np.ndarray:

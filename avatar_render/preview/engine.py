@@ -22,6 +22,7 @@ from avatar_render.face.fit import fit_to_frame
 from avatar_render.face.landmarks import GET_MODEL, LandmarkModel, find_model
 from avatar_render.face.layout import fallback_layout
 from avatar_render.face.mesh import FaceMesh, template_mesh
+from avatar_render.face.teeth import open_to_teeth
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment, StaticConditioning
@@ -122,7 +123,7 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
         if mesh is not None:
             mesh, kind = mesh.mapped(fit), "model"
         elif layout is not None:
-            mesh, kind = template_mesh(layout).mapped(fit), "template"
+            mesh, kind = open_to_teeth(image, template_mesh(layout).mapped(fit)), "template"
         else:
             mesh, kind = template_mesh(fallback_layout(x.width, x.height)), "fallback"
         static = PreviewStatic(face_detected=detected, rig=build_rig(image, mesh), landmarks=kind, face_note=note)

@@ -30,8 +30,10 @@ UPPER_TEETH = (8.5 / 40, 6.5 / 40, 7.5 / 40, 7.0 / 40, 6.5 / 40)
 LOWER_TEETH = (5.5 / 40, 6.0 / 40, 7.0 / 40, 7.0 / 40, 7.0 / 40)
 UPPER_SHOW = (0.075, 0.068, 0.07, 0.055, 0.05)  # how far each upper tooth reaches below the lip line, mouth widths
 LOWER_SHOW = 0.022  # how far the lower incisors rise above the lower lip's line with the jaw, mouth widths
-TONGUE_RISE = 0.045  # the tongue's back above the lower teeth's edge, mouth widths
+TONGUE_RISE = 0.02  # the tongue's back above the lower teeth's edge, mouth widths
 ARCH = 0.5  # radius of the dental arch, mouth widths
+# Lips rounded (0..1) less than the first leave the teeth lit, more than the second put them in full shade
+ROUND_SHADE = (0.3, 0.55)
 _PAD = 0.08  # texture rows above the lip line (behind a raised upper lip), mouth widths
 
 
@@ -219,8 +221,10 @@ def paint(
                    borderMode=cv2.BORDER_CONSTANT, borderValue=0)
     teeth = up[..., 3:] + (1 - up[..., 3:]) * low[..., 3:]
     out = out + (up[..., :3] - out) * up[..., 3:]
-    # Rounded lips push forward and shade the teeth behind them.
-    out = out * (1 - 0.55 * rounded * teeth)
+    # Rounded lips push forward and put the teeth behind them in deep shade: an "oo" is a dark opening. (Half
+    # shaded teeth were as grey as the lips and read as lips shut.)
+    k = min(max((rounded - ROUND_SHADE[0]) / (ROUND_SHADE[1] - ROUND_SHADE[0]), 0.0), 1.0)
+    out = out * (1 - 0.85 * k * k * (3 - 2 * k) * teeth)
     # The lips' inner edges cast soft shadows: deep under the upper lip, lighter over the lower.
     below_up = np.maximum(t - moved_up, 0) / max(0.8, 0.025 * width)
     above_low = np.maximum(moved_low - t, 0) / max(0.8, 0.02 * width)

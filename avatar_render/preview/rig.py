@@ -111,7 +111,9 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     if mesh.mouth_width() < MIN_MOUTH_PX:
         return FaceRig(image=image, mesh=mesh, interior=interior, head=_head_mask(mesh, width, height))
     vertices = mesh_vertices(mesh)
-    mouth = MouthShape.build(mesh, vertices)
+    # (whether it shows teeth, read on the lips' own box before the warp bank sets the final one)
+    lips = Rect.around(mesh.at(fm.LIPS_OUTER_UPPER + fm.LIPS_OUTER_LOWER), width, height, margin=4.0)
+    mouth = MouthShape.build(mesh, vertices, closed=not _teeth(image, mesh, lips, skin=skin).visible)
     eyes = EyeShape.build(mesh, vertices)
     triangles = _triangulate(vertices, mouth, mesh)
     mouth_bank = _bank(vertices, triangles, [OPEN_LEVELS, WIDTH_LEVELS], lambda o, w: mouth.moved(o, w), width, height)

@@ -15,6 +15,10 @@ import numpy as np
 from avatar_render.face import mesh as fm
 
 JAW_DROP = 0.17  # lower lip travel at open = 1, in mouth widths (a loud open vowel)
+# A reference with its lips closed parts them this much more (mouth widths) as soon as it speaks: a mouth that
+# shows teeth at rest has them in view at any opening, a closed one showed nothing for its first few pixels.
+PART = 0.06
+PART_KNEE = 0.15  # the parting is complete from this opening on (a level of the rig's warp bank: exact there)
 LIP_RAISE = 0.10  # upper lip travel up, as a fraction of the jaw's
 SEAL_UPPER = 0.25  # share of the lip gap the upper lip closes when the lips press together
 SPREAD = 0.12  # mouth widening at width = 1, as a fraction of the width
@@ -53,9 +57,11 @@ class MouthShape:
     upper_teeth: np.ndarray  # (2,) travel of the upper teeth at open = 1 (with the upper lip)
     width_px: float  # mouth width, pixels
     rest_gap_px: float  # the reference's lip gap
+    part: float = 0.0  # the jaw's extra travel as soon as the mouth opens, in units of ``open`` (see PART)
 
     @staticmethod
-    def build(mesh: fm.FaceMesh, vertices: np.ndarray) -> "MouthShape":
+    def build(mesh: fm.FaceMesh, vertices: np.ndarray, *, closed: bool = False) -> "MouthShape":
+        """closed: the reference shows no teeth, its lips part by ``PART`` more as soon as they open."""
         p = mesh.points
         n = len(vertices)
         ex, ey = mesh.axes()
@@ -117,13 +123,19 @@ class MouthShape:
             upper_teeth=(-LIP_RAISE * d * ey).astype(np.float32),
             width_px=width,
             rest_gap_px=mesh.lip_gap(),
+            part=PART / JAW_DROP if closed else 0.0,
         )
+
+    def jaw_amount(self, open_: float) -> float:
+        """How far the jaw drops (in units of JAW_DROP mouth widths) at an opening ``open_`` >= 0: piecewise
+        linear, steeper up to PART_KNEE by the parting."""
+        return open_ + self.part * min(open_ / PART_KNEE, 1.0)
 
     def displacement(self, open_: float, width: float) -> np.ndarray:
         """(N, 2) vertex displacements of a mouth shape."""
         out = self.spread * width if width > 0 else self.round * -width
         if open_ >= 0:
-            return out + self.jaw * open_
+            return out + self.jaw * self.jaw_amount(open_)
         # Lips pressed shut (open < 0: this far): the jaw brings the lower lip up most of the way and the
         # upper lip comes down to meet it, across the gap the lips have in this width (rounded lips part
         # a little); each lip moves whole (stretching a lip over the teeth it showed reads as lips apart).
@@ -144,7 +156,7 @@ class MouthShape:
     def teeth(self, open_: float) -> tuple[np.ndarray, np.ndarray]:
         """Travel of the upper and lower teeth (each (2,)): they move with the upper lip and the jaw, never
         with the lips pressing together (the lips close over them)."""
-        o = max(open_, 0.0)
+        o = self.jaw_amount(max(open_, 0.0))
         return self.upper_teeth * o, self.lower_teeth * o
 
 

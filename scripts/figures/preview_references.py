@@ -5,6 +5,10 @@ level spread on the widest-open third of the speech frames), times the whole job
 sheet per photo (scripts/figures/preview_frames.py).
 
     python scripts/figures/preview_references.py [--out bench-out/references] [--sheets docs] [--json OUT.json]
+        [--only biden.jpg ...] [overrides ...]
+
+Overrides (key=value) go to every render: ``face.landmarks=template`` measures the template mesh's placement
+(the measuring still uses the landmark model).
 
 The photos and recordings are made into OUT/faces and OUT/rec when missing (pip, espeak-ng); ones that
 could not be made are left out, with a message. Needs the face landmark model (scripts/fetch_face_model.py).
@@ -42,6 +46,7 @@ def main() -> None:
     ap.add_argument("--sheets", type=Path, default=None, help="folder for the contact sheets (default: OUT)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--only", nargs="*", default=None, help="photo file names")
+    ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     faces, rec = args.out / "faces", args.out / "rec"
     if not all((faces / p).is_file() for p in PHOTOS[:3]):
@@ -63,7 +68,7 @@ def main() -> None:
             video = args.out / f"{ref.stem}_{voice}.mp4"
             report = video.with_suffix(".report.json")
             run("-m", "avatar_render", "render", "--ref", str(ref), "--audio", str(audio), "-o", str(video),
-                "--report", str(report), "--force")
+                "--report", str(report), "--force", *args.overrides)
             figures = video.with_suffix(".json")
             cmd = [str(ROOT / "scripts" / "figures" / "measure_preview.py"), str(video), "--ref", str(ref),
                    "--audio", str(audio), "--json", str(figures)]
