@@ -20,6 +20,7 @@ from avatar_render.files.names import os_reason, shown
 from avatar_render.files.read import read_json, regular_file
 from avatar_render.files.targets import Inputs, check_folder, check_target, signature
 from avatar_render.files.write import create_new, make_folder, remove, replace_atomically, temp_folder
+from avatar_render.io.encode_rate import encode_rate
 from avatar_render.metrics.inspect import PLOT
 from avatar_render.telemetry import REPORT
 
@@ -84,7 +85,8 @@ def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, r
              overrides: tuple[str, ...] = (), config: Path | None = None, force: bool = False) -> dict:
     """Render ``case`` from speech looped to its length in ``workdir`` (a temporary folder of ours:
     the audio and the video are removed whatever happens); its report goes to ``report`` (replacing
-    one that bench did not write only with ``force``)."""
+    one that bench did not write only with ``force``). Returns the report, with ``encode_only``: the
+    render's encoder timed alone on the frames of its file (``io.encode_rate``), just after the render."""
     audio = workdir / f"speech_{case.seconds:g}s.wav"
     out = workdir / f"render_{case.name}.mp4"
     try:
@@ -94,14 +96,24 @@ def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, r
                *(("-c", str(config)) if config else ()),
                f"backend={case.backend}", f"video.width={case.width}", f"video.height={case.height}", *overrides]
         done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            why = (done.stderr.strip() or done.stdout.strip()).removeprefix("Error: ")
+            raise AvatarRenderError(
+                f"The {case.seconds:g} s {case.width}x{case.height} {case.backend} benchmark render failed: {why}")
+        rep = read_json(report, what="benchmark report", give="a report of 'avatar-render render'")
+        return {**rep, "encode_only": _encode_only(out, rep["config"])}
     finally:
         remove(audio)
         remove(out)
-    if done.returncode != 0:
-        why = (done.stderr.strip() or done.stdout.strip()).removeprefix("Error: ")
-        raise AvatarRenderError(
-            f"The {case.seconds:g} s {case.width}x{case.height} {case.backend} benchmark render failed: {why}")
-    return read_json(report, what="benchmark report", give="a report of 'avatar-render render'")
+
+
+def _encode_only(video: Path, config: dict) -> dict:
+    """The encoder alone on a render's frames, with the render's video settings (from its report)."""
+    v, chunk = config["video"], config["chunk"]
+    rate = encode_rate(video, crf=v["crf"], preset=v["preset"], gop_seconds=v["gop_seconds"],
+                       chunk_frames=chunk["chunk_frames"])
+    return {"frames": rate.frames, "seconds": round(rate.seconds, 4), "fps": round(rate.frames_per_second, 2),
+            "realtime_factor": round(rate.realtime_factor, 3)}
 
 
 def check_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir: Path,
@@ -163,6 +175,11 @@ def summarize(rep: dict, *, backend: str) -> dict:
                                 "first_frame_on_disk_s", "wall_s", "generated_fps", "realtime_factor", "peak_rss_mb",
                                 "stage_s")}
     row["peak_gpu_mb"] = rep.get("peak_gpu_mb")  # None without a GPU
+    # The encoder alone on the same frames, and the render's whole-job rate over it (1: as fast as its encode).
+    encode = rep.get("encode_only")
+    row["encode_realtime_factor"] = None if encode is None else encode["realtime_factor"]
+    row["encode_ratio"] = (None if encode is None or not encode["realtime_factor"]
+                           else round(rep["realtime_factor"] / encode["realtime_factor"], 3))
     row["backend"] = backend
     chunks = rep["chunks"]  # the report's chunk records
     row["chunks"] = len(chunks)
