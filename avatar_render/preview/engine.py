@@ -300,6 +300,7 @@ def build_preview(cfg: Config) -> Pipeline:
         audio_rate=SPEECH_RATE,
         audio_pad_s=max(PHONE_PAD_S, float(2 / Fraction(cfg.fps))),
         notes=landmark_notes(cfg.face.landmarks),
+        generate_ahead=True,  # the phones of the next chunk heard while this one is drawn and encoded
     )
 
 
