@@ -8,7 +8,9 @@ at 720p went to filling and faulting them).
 A segment's frames are a view of a pooled block through a ctypes buffer; the block goes back to the pool
 when the last array that views it is gone (the writer, the journal's hashing and the chunk loop let
 go of a segment as they do of any array), never while anything can still read it. The pool keeps no
-more than what was alive at once: a block too small for the segment asked for is released, not kept.
+more than what was alive at once: a block too small for the segment asked for is released, not kept, and
+a short segment does not take a long block (the render's segments of two lengths, 40 or 45 frames and
+the 10 of an I chunk, take turns: the blocks are those two).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ class FramePool:
             if self._background is not background:  # another reference (or the first call)
                 self._background, self._free = background, []
             fits = [b for b in self._free if len(b) >= num_frames]
-            block = min(fits, key=len) if fits else None
+            # (a block more than twice as long is kept for a longer segment: segments of two lengths take turns)
+            block = min((b for b in fits if len(b) < 2 * num_frames), key=len, default=None)
             # The blocks kept are those that can serve a segment as long as this one; the others are let go.
             self._free = [b for b in fits if b is not block]
         if block is None:
