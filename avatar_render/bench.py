@@ -113,7 +113,7 @@ def _encode_only(video: Path, config: dict) -> dict:
     rate = encode_rate(video, crf=v["crf"], preset=v["preset"], gop_seconds=v["gop_seconds"],
                        chunk_frames=chunk["chunk_frames"])
     return {"frames": rate.frames, "seconds": round(rate.seconds, 4), "fps": round(rate.frames_per_second, 2),
-            "realtime_factor": round(rate.realtime_factor, 3)}
+            "realtime_factor": round(rate.realtime_factor, 3), "cpu_s": round(rate.cpu_seconds, 4)}
 
 
 def check_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir: Path,

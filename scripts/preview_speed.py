@@ -3,7 +3,8 @@
 Each size renders the same speech (``--speech`` looped to ``--seconds``) with ``avatar-render render``
 in a process of its own (its report gives the whole job's rate and peak memory), then times the render's
 encoder alone on the frames of the file it wrote (``avatar_render.io.encode_rate``): the ratio of the two
-rates is what a machine's load changes least. With ``--before DIR`` (another checkout of the project),
+rates is what a machine's load changes least, and so are the CPU milliseconds a frame costs (the render's
+process, all its threads; the encoder alone). With ``--before DIR`` (another checkout of the project),
 each size is also rendered by that code, before and after taking turns, and the rows are set side by
 side; ``--repeats`` runs everything again.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
 from pathlib import Path
@@ -32,6 +34,7 @@ def measure(case: BenchCase, code: Path, *, work: Path, speech: Path, reference:
     """One render of ``case`` by the project at ``code``, and its encoder alone on its frames."""
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = str(code)  # (the render's process runs that checkout's code)
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         rep = run_case(case, reference=reference, speech=speech, workdir=work, report=work / "report.json",
                        force=True)
@@ -40,9 +43,14 @@ def measure(case: BenchCase, code: Path, *, work: Path, speech: Path, reference:
             os.environ.pop("PYTHONPATH")
         else:
             os.environ["PYTHONPATH"] = before
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
     row = summarize(rep, backend=case.backend)
-    return {k: row[k] for k in ("width", "height", "frames", "wall_s", "realtime_factor", "encode_realtime_factor",
-                                "encode_ratio", "peak_rss_mb", "stage_s")}
+    frames = row["frames"]
+    return {**{k: row[k] for k in ("width", "height", "frames", "wall_s", "realtime_factor", "encode_realtime_factor",
+                                   "encode_ratio", "peak_rss_mb", "stage_s")},
+            # CPU milliseconds a frame, all threads: the render's process, and the encoder alone
+            "render_cpu_ms": round((now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime) / frames * 1e3, 2),
+            "encode_cpu_ms": round(rep["encode_only"]["cpu_s"] / frames * 1e3, 2)}
 
 
 def main() -> None:
@@ -60,7 +68,8 @@ def main() -> None:
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
     codes = {"this": ROOT, **({"before": args.before.resolve()} if args.before else {})}
     rows = []
-    print(f"{'code':7} {'size':>9} {'x real':>7} {'encode x':>8} {'ratio':>6} {'peak MB':>8} {'load':>5}", flush=True)
+    print(f"{'code':7} {'size':>9} {'x real':>7} {'encode x':>8} {'ratio':>6} {'peak MB':>8} {'CPU ms/frame':>12}"
+          f" {'encode':>6} {'load':>5}", flush=True)
     with tempfile.TemporaryDirectory(prefix="preview-speed-") as tmp:
         os.chdir(tmp)  # (``python -m`` looks in the working folder first: PYTHONPATH picks the code)
         for repeat in range(args.repeats):
@@ -71,7 +80,8 @@ def main() -> None:
                                   reference=args.ref)
                     rows.append({"code": name, "repeat": repeat, "load_before": load, **row})
                     print(f"{name:7} {f'{w}x{h}':>9} {row['realtime_factor']:7.2f} {row['encode_realtime_factor']:8.2f}"
-                          f" {row['encode_ratio']:6.2f} {row['peak_rss_mb']:8.1f} {load:5.1f}", flush=True)
+                          f" {row['encode_ratio']:6.2f} {row['peak_rss_mb']:8.1f} {row['render_cpu_ms']:12.2f}"
+                          f" {row['encode_cpu_ms']:6.2f} {load:5.1f}", flush=True)
     if out is not None:
         out.write_text(json.dumps({"seconds": args.seconds, "rows": rows}, indent=1) + "\n")
 

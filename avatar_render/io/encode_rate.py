@@ -27,6 +27,7 @@ class EncodeRate:
     frames: int
     seconds: float  # wall seconds in the encoder's calls
     fps: Fraction  # the video's frame rate
+    cpu_seconds: float  # CPU seconds of the process (x264's threads included) in the encoder's calls
 
     @property
     def frames_per_second(self) -> float:
@@ -49,7 +50,7 @@ def encode_rate(video: Path, *, crf: int, preset: str, gop_seconds: float, chunk
         encoder = ChunkEncoder(spec)
         gop_frames, gop_start = math.ceil(gop_seconds * fps), None
         no_audio = np.zeros((spec.audio_channels, 0), np.float32)
-        seconds, chunk = 0.0, []
+        seconds, cpu, chunk = 0.0, 0.0, []
         frames = container.decode(stream)
         while True:
             for frame in frames:
@@ -62,10 +63,10 @@ def encode_rate(video: Path, *, crf: int, preset: str, gop_seconds: float, chunk
             gop_start = encoder.frames if opens else gop_start
             rgb = np.stack(chunk)  # (T, H, W, 3) uint8
             chunk = []
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             encoder.encode(rgb, no_audio, opens_gop=opens)
-            seconds += time.perf_counter() - start
-        start = time.perf_counter()
+            seconds, cpu = seconds + time.perf_counter() - start, cpu + time.process_time() - start_cpu
+        start, start_cpu = time.perf_counter(), time.process_time()
         encoder.finish(at_gop_start=False)
-        seconds += time.perf_counter() - start
-    return EncodeRate(frames=encoder.frames, seconds=seconds, fps=fps)
+        seconds, cpu = seconds + time.perf_counter() - start, cpu + time.process_time() - start_cpu
+    return EncodeRate(frames=encoder.frames, seconds=seconds, fps=fps, cpu_seconds=cpu)
