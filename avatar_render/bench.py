@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,6 @@ from avatar_render.files.names import os_reason, shown
 from avatar_render.files.read import read_json, regular_file
 from avatar_render.files.targets import Inputs, check_folder, check_target, signature
 from avatar_render.files.write import create_new, make_folder, remove, replace_atomically, temp_folder
-from avatar_render.io.encode_rate import encode_rate
 from avatar_render.metrics.inspect import PLOT
 from avatar_render.telemetry import REPORT
 
@@ -108,12 +108,24 @@ def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, r
 
 
 def _encode_only(video: Path, config: dict) -> dict:
-    """The encoder alone on a render's frames, with the render's video settings (from its report)."""
+    """The encoder alone on a render's frames, with the render's video settings (from its report), in a
+    process of its own: a process started by this one counts this one's largest size as its own peak
+    memory (it begins as a copy), and the decoded frames would make that the next render's peak."""
     v, chunk = config["video"], config["chunk"]
-    rate = encode_rate(video, crf=v["crf"], preset=v["preset"], gop_seconds=v["gop_seconds"],
-                       chunk_frames=chunk["chunk_frames"])
-    return {"frames": rate.frames, "seconds": round(rate.seconds, 4), "fps": round(rate.frames_per_second, 2),
-            "realtime_factor": round(rate.realtime_factor, 3), "cpu_s": round(rate.cpu_seconds, 4)}
+    args = dict(crf=v["crf"], preset=v["preset"], gop_seconds=v["gop_seconds"], chunk_frames=chunk["chunk_frames"])
+    code = ("import json, sys, time; from avatar_render.io.encode_rate import encode_rate; "
+            "r = encode_rate(sys.argv[1], **json.loads(sys.argv[2])); "
+            "print(json.dumps([r.frames, r.seconds, r.cpu_seconds, r.frames_per_second, r.realtime_factor, "
+            "time.process_time()]))")
+    path = [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]  # (this code)
+    done = subprocess.run([sys.executable, "-c", code, str(video), json.dumps(args)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
+    if done.returncode != 0:
+        raise AvatarRenderError(f"The encoder alone could not be timed on {shown(video)}: "
+                                f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'no reason given'}")
+    frames, seconds, cpu, fps, factor, process_cpu = json.loads(done.stdout)
+    return {"frames": frames, "seconds": round(seconds, 4), "fps": round(fps, 2), "realtime_factor": round(factor, 3),
+            "cpu_s": round(cpu, 4), "process_cpu_s": round(process_cpu, 4)}  # (its process: the decoding too)
 
 
 def check_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir: Path,

@@ -5,8 +5,8 @@ in a process of its own (its report gives the whole job's rate and peak memory),
 encoder alone on the frames of the file it wrote (``avatar_render.io.encode_rate``): the ratio of the two
 rates is what a machine's load changes least, and so are the CPU milliseconds a frame costs (the render's
 process, all its threads; the encoder alone). With ``--before DIR`` (another checkout of the project),
-each size is also rendered by that code, before and after taking turns, and the rows are set side by
-side; ``--repeats`` runs everything again.
+each size is also rendered by that code, the two taking turns (which goes first alternates), and the
+rows are set side by side; ``--repeats`` runs everything again.
 
     python scripts/preview_speed.py --seconds 60 --json speed.json
     python scripts/preview_speed.py --before ../other-checkout --repeats 2
@@ -49,7 +49,8 @@ def measure(case: BenchCase, code: Path, *, work: Path, speech: Path, reference:
     return {**{k: row[k] for k in ("width", "height", "frames", "wall_s", "realtime_factor", "encode_realtime_factor",
                                    "encode_ratio", "peak_rss_mb", "stage_s")},
             # CPU milliseconds a frame, all threads: the render's process, and the encoder alone
-            "render_cpu_ms": round((now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime) / frames * 1e3, 2),
+            "render_cpu_ms": round((now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
+                                    - rep["encode_only"]["process_cpu_s"]) / frames * 1e3, 2),
             "encode_cpu_ms": round(rep["encode_only"]["cpu_s"] / frames * 1e3, 2)}
 
 
@@ -74,7 +75,7 @@ def main() -> None:
         os.chdir(tmp)  # (``python -m`` looks in the working folder first: PYTHONPATH picks the code)
         for repeat in range(args.repeats):
             for w, h in sizes:
-                for name, code in codes.items():
+                for name, code in (list(codes.items()) if repeat % 2 == 0 else list(codes.items())[::-1]):
                     load = os.getloadavg()[0]
                     row = measure(BenchCase(args.seconds, w, h), code, work=Path(tmp), speech=args.speech,
                                   reference=args.ref)
