@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -84,7 +85,8 @@ def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, r
              overrides: tuple[str, ...] = (), config: Path | None = None, force: bool = False) -> dict:
     """Render ``case`` from speech looped to its length in ``workdir`` (a temporary folder of ours:
     the audio and the video are removed whatever happens); its report goes to ``report`` (replacing
-    one that bench did not write only with ``force``)."""
+    one that bench did not write only with ``force``). Returns the report, with ``encode_only``: the
+    render's encoder timed alone on the frames of its file (``io.encode_rate``), just after the render."""
     audio = workdir / f"speech_{case.seconds:g}s.wav"
     out = workdir / f"render_{case.name}.mp4"
     try:
@@ -94,14 +96,36 @@ def run_case(case: BenchCase, *, reference: Path, speech: Path, workdir: Path, r
                *(("-c", str(config)) if config else ()),
                f"backend={case.backend}", f"video.width={case.width}", f"video.height={case.height}", *overrides]
         done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            why = (done.stderr.strip() or done.stdout.strip()).removeprefix("Error: ")
+            raise AvatarRenderError(
+                f"The {case.seconds:g} s {case.width}x{case.height} {case.backend} benchmark render failed: {why}")
+        rep = read_json(report, what="benchmark report", give="a report of 'avatar-render render'")
+        return {**rep, "encode_only": _encode_only(out, rep["config"])}
     finally:
         remove(audio)
         remove(out)
+
+
+def _encode_only(video: Path, config: dict) -> dict:
+    """The encoder alone on a render's frames, with the render's video settings (from its report), in a
+    process of its own: a process started by this one counts this one's largest size as its own peak
+    memory (it begins as a copy), and the decoded frames would make that the next render's peak."""
+    v, chunk = config["video"], config["chunk"]
+    args = dict(crf=v["crf"], preset=v["preset"], gop_seconds=v["gop_seconds"], chunk_frames=chunk["chunk_frames"])
+    code = ("import json, sys, time; from avatar_render.io.encode_rate import encode_rate; "
+            "r = encode_rate(sys.argv[1], **json.loads(sys.argv[2])); "
+            "print(json.dumps([r.frames, r.seconds, r.cpu_seconds, r.frames_per_second, r.realtime_factor, "
+            "time.process_time()]))")
+    path = [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]  # (this code)
+    done = subprocess.run([sys.executable, "-c", code, str(video), json.dumps(args)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
     if done.returncode != 0:
-        why = (done.stderr.strip() or done.stdout.strip()).removeprefix("Error: ")
-        raise AvatarRenderError(
-            f"The {case.seconds:g} s {case.width}x{case.height} {case.backend} benchmark render failed: {why}")
-    return read_json(report, what="benchmark report", give="a report of 'avatar-render render'")
+        raise AvatarRenderError(f"The encoder alone could not be timed on {shown(video)}: "
+                                f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'no reason given'}")
+    frames, seconds, cpu, fps, factor, process_cpu = json.loads(done.stdout)
+    return {"frames": frames, "seconds": round(seconds, 4), "fps": round(fps, 2), "realtime_factor": round(factor, 3),
+            "cpu_s": round(cpu, 4), "process_cpu_s": round(process_cpu, 4)}  # (its process: the decoding too)
 
 
 def check_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir: Path,
@@ -163,6 +187,11 @@ def summarize(rep: dict, *, backend: str) -> dict:
                                 "first_frame_on_disk_s", "wall_s", "generated_fps", "realtime_factor", "peak_rss_mb",
                                 "stage_s")}
     row["peak_gpu_mb"] = rep.get("peak_gpu_mb")  # None without a GPU
+    # The encoder alone on the same frames, and the render's whole-job rate over it (1: as fast as its encode).
+    encode = rep.get("encode_only")
+    row["encode_realtime_factor"] = None if encode is None else encode["realtime_factor"]
+    row["encode_ratio"] = (None if encode is None or not encode["realtime_factor"]
+                           else round(rep["realtime_factor"] / encode["realtime_factor"], 3))
     row["backend"] = backend
     chunks = rep["chunks"]  # the report's chunk records
     row["chunks"] = len(chunks)

@@ -456,17 +456,20 @@ def bench(
         check_bench(cases, reference=ref, speech=speech, out_dir=out_dir, json_path=json_out, config=config,
                     force=force)
         table = Table("backend", "audio", "size", "frames", "load", "1st frame", "1st sampled", "fps", "x real",
-                      "peak MB", "MB chunk 1/last", box=box.SIMPLE_HEAD,
+                      "encode x", "ratio", "peak MB", "MB chunk 1/last", box=box.SIMPLE_HEAD,
                       caption="load: reading the weights; 1st frame: seconds after the inputs were ready "
                               "[DiT tokens before it]; "
                               "1st sampled: the same for the first frame that needed sampling; "
                               "fps: generated frames per second; "
-                              "x real: video seconds per wall second; MB: resident memory")
+                              "x real: video seconds per wall second, the whole render; encode x: the same for "
+                              "its encoder alone on its frames, just after it; ratio: x real / encode x; "
+                              "MB: resident memory")
 
         def show(case, row) -> None:
             gpu = "" if row.get("peak_gpu_mb") is None else f", GPU {row['peak_gpu_mb'] / 1024:.1f} GiB"
             out.info(f"{case.seconds:g} s at {case.width}x{case.height} ({case.backend}): "
-                     f"{row['generated_fps']:.1f} fps, "
+                     f"{row['generated_fps']:.1f} fps, {row['realtime_factor']:.2f}x real time "
+                     f"(the encoder alone {row['encode_realtime_factor']:.2f}x: ratio {row['encode_ratio']:.2f}), "
                      f"peak {row['peak_rss_mb']:.0f} MB{gpu}")
             tokens = "" if row["first_frame_tokens"] is None else f" [{row['first_frame_tokens']}]"
             sampled = "-" if row["first_sampled_frame_s"] is None else \
@@ -475,8 +478,8 @@ def bench(
                           str(row["frames"]),
                           "-" if row["load_s"] is None else f"{row['load_s']:.2f} s",
                           f"{row['time_to_first_frame_s']:.2f} s{tokens}", sampled, f"{row['generated_fps']:.0f}",
-                          f"{row['realtime_factor']:.2f}",
-                          f"{row['peak_rss_mb']:.0f}",
+                          f"{row['realtime_factor']:.2f}", f"{row['encode_realtime_factor']:.2f}",
+                          f"{row['encode_ratio']:.2f}", f"{row['peak_rss_mb']:.0f}",
                           f"{row['rss_mb_first_chunk']:.0f} / {row['rss_mb_last_chunk']:.0f}")
 
         results = run_bench(cases, reference=ref, speech=speech, out_dir=out_dir, overrides=tuple(overrides or ()),

@@ -69,6 +69,8 @@ def test_bench_cli_writes_table_json_and_plots(tmp_path, face_png):
     for r in rows:
         assert len(r["series"]["t_s"]) == len(r["series"]["rss_mb"]) == len(r["series"]["fps"]) == r["chunks"]
         assert r["series"]["end_frame"][-1] == r["frames"] and min(r["series"]["fps"]) > 0
+        assert r["encode_realtime_factor"] > 0 and r["encode_ratio"] > 0  # the encoder alone on the same frames
+    assert "the encoder alone" in done.stdout and "encode x" in done.stdout
     for name in ("bench_memory.png", "bench_fps.png", "bench_stages.png"):
         assert (out_dir / name).read_bytes()[:8] == PNG, name
     assert len(list((out_dir / "reports").glob("*.json"))) == 2
@@ -95,3 +97,35 @@ def test_telemetry_cost_counts_calls_and_prices_them(tmp_path, face_png):
     assert cost.stage_calls >= 4 * cost.chunk_records  # audio, context, a2v, decode, write per chunk
     assert cost.stage_call_us > 0 and cost.chunk_record_us > 0  # (what they are is the benchmark's to print)
     assert cost.render_s_with > 0 and cost.render_s_without > 0 and 0 < cost.bottom_up_pct < 100
+
+
+def test_encode_only_gives_a_videos_frames_to_the_renders_encoder_chunk_by_chunk(tmp_path, monkeypatch):
+    """``bench``'s encoder-alone rate: every frame of the file, in chunks of the render's size, a GOP opened
+    at the first chunk start ``gop_seconds`` after the last, only the encoder's calls timed."""
+    from avatar_render.io import encode_rate as module
+    from tests.media import write_video_without_audio
+
+    video = write_video_without_audio(tmp_path / "v.mp4", 2.2)  # 22 frames at 10 fps
+    calls = []
+    real = module.ChunkEncoder.encode
+
+    def encode(self, frames, audio, *, opens_gop, **kw):
+        calls.append((len(frames), opens_gop))
+        return real(self, frames, audio, opens_gop=opens_gop, **kw)
+
+    monkeypatch.setattr(module.ChunkEncoder, "encode", encode)
+    rate = module.encode_rate(video, crf=20, preset="veryfast", gop_seconds=1.0, chunk_frames=4)
+    assert rate.frames == 22 and float(rate.fps) == 10.0
+    assert calls == [(4, True), (4, False), (4, False), (4, True), (4, False), (2, False)]  # GOPs of 10 frames or more
+    assert rate.seconds > 0 and rate.realtime_factor == pytest.approx(22 / rate.seconds / 10)
+
+
+def test_a_bench_row_sets_the_render_beside_its_encoder_alone():
+    report = {"duration_s": 4.0, "frames": 100, "fps": 25.0, "width": 96, "height": 96, "inputs_s": 0.5,
+              "time_to_first_frame_s": 0.2, "first_frame_on_disk_s": 0.3, "wall_s": 2.5, "generated_fps": 50.0,
+              "realtime_factor": 1.6, "peak_rss_mb": 200.0, "stage_s": {}, "chunks": [],
+              "encode_only": {"frames": 100, "seconds": 0.5, "fps": 200.0, "realtime_factor": 8.0}}
+    row = summarize(report, backend="preview")
+    assert (row["encode_realtime_factor"], row["encode_ratio"]) == (8.0, 0.2)
+    del report["encode_only"]
+    assert (summarize(report, backend="preview")["encode_ratio"]) is None

@@ -274,3 +274,59 @@ def test_a_failing_stage_is_named_with_its_chunk(error, kind):
     # I1 publishes frames 18-22
     assert "stage decode" in str(raised.value) and "chunk I1" in str(raised.value), str(raised.value)
     assert str(error).rstrip(".") in str(raised.value)
+
+
+class ReadLog(ResumedAudio):
+    """FakeAudio that logs which plan entries' windows were read (by their first frame)."""
+
+    def __init__(self, total):
+        super().__init__(total)
+        self.reads = []
+
+    def model_audio(self, start, end, *, pad_s=0.0):
+        self.reads.append(start)
+        return super().model_audio(start, end, pad_s=pad_s)
+
+
+def make_ahead(trans=4, first=0, ahead=True):
+    return Pipeline(init=Init(), generate=(Gen(),), decode=Decode(), sizes=ChunkSizes(10, 2, trans, 0, first),
+                    fps=Fraction(25), audio_rate=16000, audio_pad_s=0.04, generate_ahead=ahead)
+
+
+@pytest.mark.parametrize("trans,first,total", [(4, 0, 77), (0, 4, 77), (4, 4, 60), (4, 0, 3)])
+def test_generation_ahead_yields_the_same_items_and_reads_the_next_chunk_before_one_goes_out(trans, first, total):
+    """Each entry generated in its thread while the one before goes out: the same publications and
+    checkpoints as the plain loop; the next entry's audio read (its generation started) before an entry's
+    frames are published, except the first entry's, which go out at once; a resume from each checkpoint
+    yields what followed it."""
+    def items(ahead, audio, resume=None):
+        out = []
+        for item in make_ahead(trans, first).stream(Static(1), audio, seed=0, checkpoints=True, ahead=ahead,
+                                                    resume=resume):
+            if isinstance(item, Checkpoint):
+                out.append(("ckpt", item.plans_done, item.last_plan, item.state.decode_carry, item.state.next_frame,
+                            tuple((s.start, s.end) for s in item.state.pending), tuple(sorted(item.state.anchors)),
+                            item.state.carries))
+            else:
+                out.append(("pub", item.plan, item.start, item.frames.tobytes(), item.audio.tobytes(),
+                            len(audio.reads), audio.reads.index(item.plan.start)))
+        return out
+
+    plain, ahead = items(False, ReadLog(total)), items(True, ReadLog(total))
+    assert [i[:5] for i in ahead] == [i[:5] for i in plain]
+    pubs = [i for i in ahead if i[0] == "pub"]
+    entries = sum(1 for i in plain if i[0] == "ckpt")  # (one window read per entry)
+    first_entry = pubs[0][1]
+    for _, plan, _, _, _, read, entry in pubs:
+        if plan == first_entry:
+            assert read == entry + 1  # nothing read beyond it
+        elif entry + 1 < entries:
+            assert read >= entry + 2, f"the entry after {plan} was not under way when its frames went out"
+    checkpoints = [i for i, item in enumerate(make_ahead(trans, first).stream(
+        Static(1), ReadLog(total), seed=0, checkpoints=True)) if isinstance(item, Checkpoint)]
+    full = list(make_ahead(trans, first).stream(Static(1), ReadLog(total), seed=0, checkpoints=True))
+    for i in checkpoints:
+        after = [(p.start, p.frames.tobytes()) for p in full[i + 1:] if not isinstance(p, Checkpoint)]
+        again = [(p.start, p.frames.tobytes()) for p in make_ahead(trans, first).stream(
+            Static(1), ReadLog(total), seed=0, resume=full[i], ahead=True)]
+        assert again == after

@@ -52,6 +52,35 @@ def test_phone_recognition_depends_on_the_window_only():
     assert len(labels) > 10 and "SIL" in labels
 
 
+@needs_sphinx
+def test_the_c_api_decoder_hears_what_pocketsphinxs_python_binding_hears():
+    """The recogniser drives PocketSphinx through its C API (letting other threads run meanwhile): the same
+    segments, frame for frame, as the binding's own decoder with the same settings, window after window."""
+    from pocketsphinx import Decoder
+
+    from avatar_render.preview import phones
+
+    with AudioReader(TALK, fps=Fraction(25), model_rate=RATE) as a:
+        a.probe(10**6)
+        x = a.model_audio(0, a.total_frames)
+    rng = np.random.default_rng(0)
+    starts = [*range(0, len(x) - 3 * RATE, 3 * RATE), *rng.integers(0, len(x) - 3 * RATE, 4)]
+    noisy = np.clip(0.5 * x + rng.normal(0, 0.01, len(x)).astype(np.float32), -1, 1)
+    root = model_dir()
+    settings = dict(hmm=str(root / "en-us"), allphone=str(root / "en-us-phone.lm.bin"), samprate=RATE,
+                    loglevel="FATAL", **phones._SEARCH)
+    binding, ours = Decoder(**settings), phones.SphinxDecoder(**settings)
+    for audio in (x, noisy):
+        for start in starts:
+            pcm = (np.clip(audio[start : start + int(2.64 * RATE)], -1, 1) * 32767).astype(np.int16)
+            binding.reinit_feat()
+            binding.start_utt()
+            binding.process_raw(pcm.tobytes(), full_utt=True)
+            binding.end_utt()
+            heard = [(s.word, s.start_frame, s.end_frame) for s in binding.seg()]
+            assert ours.segments(pcm) == heard and len(heard) > 5
+
+
 def test_short_pauses_in_speech_become_closures():
     n = int(0.4 * RATE)
     t = np.arange(n) / RATE

@@ -146,7 +146,7 @@ class ChunkLoop:
         hashed: Hashed = []
         stream = self.job.pipeline.stream(self.job.static, self.job.audio, seed=self.cfg.seed,
                                           clock=self.telemetry.stage,
-                                          resume=checkpoint, checkpoints=True)
+                                          resume=checkpoint, checkpoints=True, ahead=not self.session)
         for item in stream:
             if isinstance(item, Published):
                 hashed.append(self._publish(writer, item, tally))

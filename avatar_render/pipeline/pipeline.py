@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -37,6 +37,7 @@ Clock = Callable[[str], AbstractContextManager]
 # The publishing slot's worker (``overlap_decode``) and the loader of the chunk loop's modules
 # (``prepare``): one thread each, so jobs run in the order they were given.
 _DECODE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+_GENERATE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")  # (``generate_ahead``)
 _LOAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load")
 
 
@@ -85,6 +86,10 @@ class Pipeline:
     # Entered around each decode job in that thread, made in the loop's thread when the job is handed
     # over (a GPU backend puts the decode on a stream of its own there, ordered after the work before).
     decode_context: Callable[[], AbstractContextManager] = nullcontext
+    # Generate a plan entry (its stages after the audio's reading) in a thread of their own while the entry
+    # before it is decoded and published, when ``stream`` is asked to (``ahead``): what they make is small
+    # (the preview's motion), the frames stay where they were. The items yielded are the same.
+    generate_ahead: bool = False
 
     def __post_init__(self) -> None:
         check_chain((self.init,), first_input=RequestInput, last_output=object)
@@ -94,6 +99,7 @@ class Pipeline:
                         else Segment)
         check_chain((self.decode,), first_input=segment_type, last_output=Frames)
         z = self.sizes
+        assert not (self.generate_ahead and (self.overlap_decode or self.lead)), "generate ahead alone, no lead"
         if z.transition_frames and z.lead_frames + z.first < z.transition_frames // 2 + 1:
             raise AvatarRenderError(
                 f"Config key 'chunk.first_frames' ({z.first}) is too short for chunk.transition_frames "
@@ -144,7 +150,7 @@ class Pipeline:
 
     def stream(
         self, static: Any, audio: AudioSource, *, seed: int, clock: Clock = lambda name: nullcontext(),
-        resume: Checkpoint | None = None, checkpoints: bool = False,
+        resume: Checkpoint | None = None, checkpoints: bool = False, ahead: bool = False,
     ) -> Iterator[Published | Checkpoint]:
         """Run the chunk loop; yield every output frame exactly once, in order, as soon as it is final.
         ``clock(stage_name)`` times each stage call.
@@ -153,8 +159,15 @@ class Pipeline:
         as ``resume`` (from the same static conditioning, audio and seed), the loop goes on from there
         and yields exactly what the uninterrupted loop would have yielded after it. The audio before
         that point is decoded again (fast-forward), not processed.
+
+        ``ahead``: a pipeline that ``generate_ahead``s does so (the next entry's audio is then read before
+        an entry's frames go out: not for audio that arrives as it plays, which would hold them back).
         """
         state, done = self._start(static, resume)
+        if ahead and self.generate_ahead:
+            yield from self._stream_ahead(state, done, static, audio, seed=seed, clock=clock, resume=resume,
+                                          checkpoints=checkpoints)
+            return
         number = -1
         job: Optional[_Job] = None  # the entry being decoded while the next one is generated (overlap_decode)
         for number, plan in enumerate(self._plans(audio)):
@@ -180,6 +193,50 @@ class Pipeline:
             state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints)
         if number + 1 < done:
             raise ResumeError("The saved chunk plan is longer than this audio, so the render cannot be resumed.")
+        assert not state.pending and not state.anchors, "every frame published, every anchor used"
+
+    def _stream_ahead(self, state: RollingState, done: int, static: Any, audio: AudioSource, *, seed: int,
+                      clock: Clock, resume: Checkpoint | None,
+                      checkpoints: bool) -> Generator[Published | Checkpoint, None, None]:
+        """``stream`` with each plan entry's generation in the generation thread while the entry before it is
+        decoded and published (from the second entry on: the first one's frames go out at once). The
+        generation starts from the state the entry before left (its segments taken out); the decode carry
+        joins it once that entry's frames are out."""
+        plans = enumerate(self._plans(audio))
+        number = -1
+
+        def advance() -> Optional[ChunkPlan]:  # the next entry to generate (those before ``done`` fast-forwarded)
+            nonlocal number
+            for number, plan in plans:
+                if number >= done:
+                    return plan
+                self._fast_forward(plan, audio, last=resume.last_plan if number == done - 1 else None)
+            return None
+
+        def start(plan: ChunkPlan, after: RollingState) -> Future:
+            window = self._window(plan, audio, clock)  # (the reader is the loop's)
+            return _GENERATE.submit(self._run_generation, plan, window, after, static, seed=seed, clock=clock)
+
+        plan = advance()
+        generating = None if plan is None else start(plan, state)
+        try:
+            while plan is not None:
+                generated, generating = generating.result(), None
+                job = self._hand_over(number, plan, replace(generated, decode_carry=state.decode_carry), static,
+                                      clock=clock, overlap=False)
+                first = state.next_frame == 0 or number == done
+                if first:  # (the first frames wait for no other work)
+                    state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints)
+                plan = advance()
+                if plan is not None:
+                    generating = start(plan, job.state)
+                if not first:
+                    state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints)
+        finally:
+            if generating is not None:  # (the loop was left early: nothing runs on after it)
+                wait([generating])
+        if number + 1 < done:
+            raise CannotResume("The saved chunk plan is longer than this audio, so the render cannot be resumed.")
         assert not state.pending and not state.anchors, "every frame published, every anchor used"
 
     def _start(self, static: Any, resume: Checkpoint | None) -> tuple[RollingState, int]:
@@ -210,8 +267,15 @@ class Pipeline:
     def _generate(self, plan: ChunkPlan, state: RollingState, static: Any, audio: AudioSource, *, seed: int,
                   clock: Clock) -> RollingState:
         """One plan entry through the generation stages: its anchors kept, its final part queued for decode."""
+        return self._run_generation(plan, self._window(plan, audio, clock), state, static, seed=seed, clock=clock)
+
+    def _window(self, plan: ChunkPlan, audio: AudioSource, clock: Clock) -> np.ndarray:
+        """The model audio a plan entry's generation hears (read where the chunk loop runs: the reader is its own)."""
         with clock("audio"):
-            window = audio.model_audio(plan.start, plan.end, pad_s=self.audio_pad_s)
+            return audio.model_audio(plan.start, plan.end, pad_s=self.audio_pad_s)
+
+    def _run_generation(self, plan: ChunkPlan, window: np.ndarray, state: RollingState, static: Any, *, seed: int,
+                        clock: Clock) -> RollingState:
         x: Any = ChunkInput(plan=plan, fps=self.fps, audio=window, audio_rate=self.audio_rate,
                             audio_pad_s=self.audio_pad_s,
                             anchors=tuple(state.anchors[f] for f in plan.anchors), seed=seed)

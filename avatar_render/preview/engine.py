@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -27,6 +27,7 @@ from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment, StaticConditioning
 from avatar_render.preview.dub import DubSource, dub_source, render_dub
+from avatar_render.preview.frames import FramePool
 from avatar_render.preview.motion import (
     BLINK,
     HEAD,
@@ -58,6 +59,7 @@ class PreviewStatic(StaticConditioning):
     rig: FaceRig
     landmarks: str  # "model", "template" (on the detector's boxes) or "fallback" (no face found)
     dub: DubSource | None = None  # a video reference: its frames, with the mouth redone (preview/dub.py)
+    frames: FramePool = field(default_factory=FramePool, repr=False)  # the decode's frame buffers
 
 
 @dataclass(frozen=True)
@@ -268,9 +270,9 @@ class PreviewRender(Stage[MotionSegment, Frames]):
     def run(self, x: MotionSegment, *, static: PreviewStatic, carry: Any) -> tuple[Frames, None]:
         if static.dub is not None:
             return render_dub(static.dub, x.start, x.params), None
-        frames = np.empty((len(x.params), *static.rig.image.shape), np.uint8)  # (T, H, W, 3)
+        frames = static.frames.take(len(x.params), static.rig.image)  # (T, H, W, 3)
         for row, frame in zip(x.params, frames):
-            render_frame(static.rig, row, out=frame)
+            render_frame(static.rig, row, out=frame, background=True)
         return Frames(start=x.start, frames=frames), None
 
 
@@ -299,6 +301,7 @@ def build_preview(cfg: Config, mesh: object = None) -> Pipeline:  # one process:
         audio_rate=SPEECH_RATE,
         audio_pad_s=max(PHONE_PAD_S, float(2 / Fraction(cfg.fps))),
         notes=landmark_notes(cfg.face.landmarks),
+        generate_ahead=True,  # the phones of the next chunk heard while this one is drawn and encoded
     )
 
 

@@ -1,5 +1,6 @@
 """Phone recognition ("allphone") with PocketSphinx 5: its English acoustic model and phone language
-model ship in its wheel, so this runs offline, on one core, many times faster than real time.
+model ship in its wheel, so this runs offline, on one core, many times faster than real time, through
+its C API (``preview.sphinx``: other threads run while a window is recognised).
 
 Each call decodes one audio window as its own utterance (batch cepstral mean) with the feature
 extraction set up afresh, so that the result depends on that window only: a resumed render recognises
@@ -15,6 +16,7 @@ import numpy as np
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.pipeline.module import Module
+from avatar_render.preview.sphinx import SphinxDecoder
 
 RATE = 16_000  # the acoustic model's sample rate
 GAP_S = 0.25  # a pause shorter than this inside speech is the closure of a stop consonant
@@ -78,9 +80,7 @@ class PhoneRecognizer(Module):
         missing = self.missing_files()
         if missing:
             raise AvatarRenderError(f"PocketSphinx's model file '{missing[0]}' is missing; reinstall pocketsphinx.")
-        from pocketsphinx import Decoder
-
-        self._decoder = Decoder(
+        self._decoder = SphinxDecoder(
             hmm=str(root / "en-us"),
             allphone=str(root / "en-us-phone.lm.bin"),
             samprate=RATE,
@@ -92,16 +92,11 @@ class PhoneRecognizer(Module):
         """Phones of an (n,) float32 window at 16 kHz, in order, covering it."""
         self.load()
         assert self._decoder is not None
-        pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16).tobytes()
-        d = self._decoder
-        d.reinit_feat()
-        d.start_utt()
-        d.process_raw(pcm, full_utt=True)
-        d.end_utt()
+        pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
         out = []
-        for seg in d.seg():
-            label = seg.word if seg.word.isalpha() and seg.word.isupper() else "SIL"
-            out.append(Phone(label, seg.start_frame * FRAME_S, (seg.end_frame + 1) * FRAME_S))
+        for word, first, last in self._decoder.segments(pcm):
+            label = word if word.isalpha() and word.isupper() else "SIL"
+            out.append(Phone(label, first * FRAME_S, (last + 1) * FRAME_S))
         return stop_closures(tuple(out), audio)
 
 

@@ -31,15 +31,18 @@ def head_inverse(rig: FaceRig, p: np.ndarray) -> np.ndarray:
     return cv2.invertAffineTransform(fwd)
 
 
-def render_frame(rig: FaceRig, p: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """p: (len(PARAMS),) motion row -> (H, W, 3) uint8, written into ``out`` when given."""
-    if out is None:
-        out = rig.image.copy()
-    else:
-        out[:] = rig.image
+def render_frame(rig: FaceRig, p: np.ndarray, out: np.ndarray | None = None, *, background: bool = False) -> np.ndarray:
+    """p: (len(PARAMS),) motion row -> (H, W, 3) uint8, written into ``out`` when given. ``background``:
+    ``out`` holds the reference already outside the head's rectangle (only the rectangle is drawn)."""
     head = rig.head
     rect = head.rect
+    if out is None:
+        out = rig.image.copy()
+    elif not background:
+        out[:] = rig.image
     if rect.empty or not np.any(p):
+        if background:
+            out[rect.slices] = rig.image[rect.slices]
         return out
     inv = head_inverse(rig, p)
     # Head: source = x + weight * (inv(x) - x), the background still where the weight is 0.
