@@ -236,7 +236,7 @@ class Pipeline:
             if generating is not None:  # (the loop was left early: nothing runs on after it)
                 wait([generating])
         if number + 1 < done:
-            raise CannotResume("The saved chunk plan is longer than this audio, so the render cannot be resumed.")
+            raise ResumeError("The saved chunk plan is longer than this audio, so the render cannot be resumed.")
         assert not state.pending and not state.anchors, "every frame published, every anchor used"
 
     def _start(self, static: Any, resume: Checkpoint | None) -> tuple[RollingState, int]:

@@ -8,8 +8,8 @@ process, all its threads; the encoder alone). With ``--before DIR`` (another che
 each size is also rendered by that code, the two taking turns (which goes first alternates), and the
 rows are set side by side; ``--repeats`` runs everything again.
 
-    python scripts/preview_speed.py --seconds 60 --json speed.json
-    python scripts/preview_speed.py --before ../other-checkout --repeats 2
+    python scripts/bench/preview_speed.py --seconds 60 --json speed.json
+    python scripts/bench/preview_speed.py --before ../other-checkout --repeats 2
 """
 
 from __future__ import annotations
@@ -18,15 +18,12 @@ import argparse
 import json
 import os
 import resource
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from avatar_render.bench import BenchCase, run_case, summarize
 
-from avatar_render.bench import BenchCase, run_case, summarize  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIZES = ((512, 512), (1280, 720), (1920, 1080))
 
 
