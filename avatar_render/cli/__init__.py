@@ -1,9 +1,10 @@
 """The command line: a thin Typer layer over the library's api; each command parses, calls the library
 and prints through one output object (``app.Out``)."""
 
-from avatar_render.cli import batch as _batch  # noqa: F401  (each module registers its commands on ``app``)
-from avatar_render.cli import render as _render  # noqa: F401
-from avatar_render.cli import tools as _tools  # noqa: F401
+from avatar_render.cli import batch, render, tools
 from avatar_render.cli.app import app, main
+
+for _command in (render.render, batch.batch, tools.doctor, tools.setup, tools.bench, tools.inspect):  # --help's order
+    app.command()(_command)
 
 __all__ = ["app", "main"]

@@ -19,7 +19,6 @@ from avatar_render.cli.app import (
     OverridesArg,
     ProgressEveryOpt,
     ProgressOpt,
-    app,
     guard,
     read_config,
 )
@@ -50,7 +49,6 @@ def _show_batch_plan(out: Out, request, *, json_lines: bool) -> None:
 
 
 
-@app.command()
 def batch(
     source: Annotated[Path, typer.Argument(
         help="A folder (references and audio paired by name) or a .csv/.jsonl manifest.", show_default=False)],

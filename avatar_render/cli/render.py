@@ -16,7 +16,6 @@ from avatar_render.cli.app import (
     OverridesArg,
     ProgressEveryOpt,
     ProgressOpt,
-    app,
     guard,
     read_config,
 )
@@ -25,7 +24,6 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.progress import done_record
 
 
-@app.command()
 def render(
     ref: Annotated[Path, typer.Option("--ref", help="Reference image (PNG/JPEG/WebP) or video.")],
     audio: Annotated[str, typer.Option(

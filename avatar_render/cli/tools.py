@@ -16,7 +16,6 @@ from avatar_render.cli.app import (
     DebugOpt,
     Out,
     OverridesArg,
-    app,
     guard,
     read_config,
 )
@@ -24,7 +23,6 @@ from avatar_render.cli.progress_view import CountProgress
 from avatar_render.errors import AvatarRenderError
 
 
-@app.command()
 def doctor(overrides: OverridesArg = None, config: ConfigOpt = None, debug: DebugOpt = False) -> None:
     """What this machine can run: versions, codecs, devices, backends and (with model.root=...) the model's files."""
     out = Out()
@@ -41,7 +39,6 @@ def doctor(overrides: OverridesArg = None, config: ConfigOpt = None, debug: Debu
     guard(out, debug, run)
 
 
-@app.command()
 def setup(
     dest: Annotated[Optional[Path], typer.Option(
         "--dest", help="Folder for face_landmark.tflite (default: beside the package, or the user's data).")] = None,
@@ -60,7 +57,6 @@ def setup(
     guard(out, debug, run)
 
 
-@app.command()
 def bench(
     durations: Annotated[str, typer.Option(
         "--durations", help="Comma-separated audio durations in seconds.")] = "10,60,600",
@@ -132,7 +128,6 @@ def bench(
     guard(out, debug, run)
 
 
-@app.command()
 def inspect(
     video: Annotated[Path, typer.Argument(help="A rendered MP4.", show_default=False)],
     report: Annotated[Optional[Path], typer.Option(
