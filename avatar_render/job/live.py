@@ -4,6 +4,7 @@ Only the writing process (process 0 of a launch) gets here, so only it publishes
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import time
@@ -27,6 +28,22 @@ from avatar_render.job.output import request_inputs
 from avatar_render.job.types import OnMessage, Progress, RenderRequest
 
 _SERVED_PLAYLIST = "live.m3u8"
+# The preview's first chunk in a live render (unless chunk.first_frames says otherwise): its frames are what
+# a watcher waits for, 0.1 s of work against 0.45 s for a 50-frame chunk; the chunks after it keep their size.
+LIVE_FIRST_FRAMES = 12
+
+
+def live_request(request: RenderRequest) -> RenderRequest:
+    """``request`` as a live render runs it: with the preview backend, a short first chunk
+    (``LIVE_FIRST_FRAMES``, at least what the first seam needs) unless ``chunk.first_frames`` is set."""
+    cfg = request.config
+    if not request.live.active or cfg.backend != "preview" or cfg.chunk.first_frames:
+        return request
+    first = max(LIVE_FIRST_FRAMES, cfg.chunk.transition_frames // 2 + 2)
+    if first >= cfg.chunk.chunk_frames:
+        return request
+    chunk = dataclasses.replace(cfg.chunk, first_frames=first)
+    return dataclasses.replace(request, config=dataclasses.replace(cfg, chunk=chunk))
 
 
 class Live:

@@ -20,7 +20,7 @@ from avatar_render.job.journal import (
     identity,
     journal_path,
 )
-from avatar_render.job.live import Live
+from avatar_render.job.live import Live, live_request
 from avatar_render.job.loop import ChunkLoop
 from avatar_render.job.output import (
     check_finished,
@@ -49,7 +49,7 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry,
     processes of a launch). Live sinks are checked (and the watch server started) first of all.
     A session (the audio is a stream) is read from once the watch server is up; a stop request ends
     its stream, and the render finishes with what came."""
-    request = session_request(request)
+    request = live_request(session_request(request))
     pieces = Pieces() if str(request.audio) == PUSHED else None
     live = Live(request, on_message=on_message, pieces=pieces) if request.live.active else None
     stream = None

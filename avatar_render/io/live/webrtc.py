@@ -9,6 +9,11 @@ next keyframe, which keeps them within ``buffer_s`` of the render). When generat
 goes out as soon as it comes (the schedule moves by the wait). Each viewer has a queue of about a second;
 a viewer whose queue is full (aiortc could not send for it) loses it and goes on at the next keyframe,
 as does a viewer who joins while the stream runs.
+
+The first viewer sees the first frame: while the page is loading or its connection comes up (``coming``:
+at most ``_HOLD_S``), the stream does not start; the time it waited is made up at the next keyframe that
+comes within ``_CATCH_UP_S`` of the queue's start (the frames before it are skipped), so that a stream
+held to real time goes back to the live edge.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from avatar_render.io.live.rtc_media import OPUS_FRAME, OPUS_RATE, VIDEO_CLOCK, 
 MAX_VIEWERS = 32
 _ANSWER_TIMEOUT_S = 10.0
 _VIEWER_QUEUE_S = 1.0
+_HOLD_S = 3.0  # the longest the stream waits for a viewer whose page is loading or whose connection comes up
+_CATCH_UP_S = 1.0  # a wait made up by skipping to a keyframe only when the frames skipped span less than this more
 Say = Callable[[Literal["info", "warning"], str], None]
 
 
@@ -99,9 +106,17 @@ class WebRtcHub:
         self.frames_sent = 0
         self.dropped_gops = 0
         self.ended = False
+        self._hold_until: Optional[float] = None  # (loop time) the first packet waits for a coming viewer till then
+        self._first_in: Optional[float] = None  # (loop time) the first packet came
+        self._debt = 0.0  # s the stream's start waited for a viewer, to be made up at a keyframe
         self._loop.soon(self._start_pacer)
 
     # The watch server's side (its request threads).
+
+    def coming(self) -> None:
+        """A viewer is on its way (the page was asked for): aiortc is imported now rather than when its offer
+        comes, and a stream not yet started waits for it (at most ``_HOLD_S``)."""
+        self._loop.soon(self._coming)
 
     def answer(self, offer: str) -> tuple[str, str]:
         """An SDP offer -> (session id, SDP answer); Refused when it cannot be taken."""
@@ -178,19 +193,47 @@ class WebRtcHub:
 
     # The loop's side.
 
+    def _coming(self) -> None:
+        if self._origin is None:
+            self._hold_until = self._loop.loop.time() + _HOLD_S
+        import aiortc  # noqa: F401 - (once: the offer is answered sooner)
+
+    def _held(self) -> bool:
+        """Whether the stream's start waits for a viewer still connecting."""
+        if self._hold_until is None or self._loop.loop.time() >= self._hold_until:
+            return False
+        return not any(v.pc.connectionState == "connected" for v in self._viewers.values())
+
     def _start_pacer(self) -> None:
         self._wake = asyncio.Event()
         self._pacer = self._loop.loop.create_task(self._pace())
 
     def _append(self, items: list) -> None:
         first = next((it for it in items if isinstance(it, _Item)), None)
+        if first is not None and self._first_in is None:
+            self._first_in = self._loop.loop.time()
         if first is not None and self._origin is not None and not self._queue:
             late = self._loop.loop.time() - (self._origin + first.at)
             if late > 0:  # generation is slower than real time: the schedule moves by the wait
                 self._origin += late
         self._queue.extend(items)
         self._drop_ahead()
+        self._catch_up()
         self._wake.set()
+
+    def _catch_up(self) -> None:
+        """The wait for the first viewer made up: the frames before a keyframe that came soon enough skipped."""
+        if self._debt <= 0 or self._origin is None:
+            return
+        timed = [it for it in self._queue if isinstance(it, _Item)]
+        key = next((it for it in timed[1:] if it.video and it.key), None)
+        if key is None:
+            return
+        if key.at - timed[0].at <= self._debt + _CATCH_UP_S:
+            while self._queue[0] is not key:
+                self._queue.popleft()
+            self._origin -= key.at - timed[0].at  # (the keyframe goes out when the first frame skipped was due)
+        self._debt = 0.0
 
     def _drop_ahead(self) -> None:
         """While more than ``buffer_s`` is queued, the oldest GOP goes (up to the next keyframe)."""
@@ -223,6 +266,12 @@ class WebRtcHub:
                 continue
             now = loop.time()
             if self._origin is None:
+                if self._held():
+                    await asyncio.sleep(0.01)
+                    continue
+                if self._hold_until is not None:
+                    self._debt = max(0.0, now - self._first_in)
+                self._hold_until = None
                 self._origin = now - item.at
             due = self._origin + item.at
             if due > now + 0.002:
