@@ -1,14 +1,15 @@
 """WebRTC viewers of ``--serve`` (WHEP: the page POSTs an SDP offer to /whep and gets the answer with
 201 and a Location, which a DELETE hangs up).
 
-One sink for every viewer: the writer hands it each fragment (the file's H.264, its AAC as Opus:
-``rtc_media``), and a pacer on aiortc's loop (``rtc_loop``) sends the packets at real time from the
+One sink for every viewer: the writer hands it each fragment (the file's H.264, and its input audio as
+Opus: ``rtc_media``), and a pacer on aiortc's loop (``rtc_loop``) sends the packets at real time from the
 first one, to every viewer at once. The writer never waits here. When generation runs ahead, the pacer's
 queue holds up to ``buffer_s`` seconds; past that its oldest GOP is dropped (viewers jump ahead to the
 next keyframe, which keeps them within ``buffer_s`` of the render). When generation is slower, a packet
-goes out as soon as it comes (the schedule moves by the wait). Each viewer has a queue of about a second;
-a viewer whose queue is full (aiortc could not send for it) loses it and goes on at the next keyframe,
-as does a viewer who joins while the stream runs.
+goes out as soon as it comes (the schedule moves by the wait); when a chunk then comes before its time
+the schedule comes back, a tenth faster than real time, so that the delay does not creep up. Each viewer
+has a queue of about a second; a viewer whose queue is full (aiortc could not send for it) loses it and
+goes on at the next keyframe, as does a viewer who joins while the stream runs.
 
 The first viewer sees the first frame: while the page is loading or its connection comes up (``coming``:
 at most ``_HOLD_S``), the stream does not start; the time it waited is made up at the next keyframe that
@@ -29,14 +30,17 @@ from typing import Any, Callable, Literal, Optional
 import av
 
 from avatar_render.io.encoder import Fragment
-from avatar_render.io.fmp4 import AAC_PRIMING, MuxerState, Tracks
+from avatar_render.io.fmp4 import MuxerState, Tracks
 from avatar_render.io.live.rtc_loop import RtcLoop, addresses_for, packet_track, peer_connection, without_mdns
-from avatar_render.io.live.rtc_media import OPUS_FRAME, OPUS_RATE, VIDEO_CLOCK, OpusFromAac, annexb, packet
+from avatar_render.io.live.rtc_media import OPUS_FRAME, OPUS_RATE, VIDEO_CLOCK, OpusFromPcm, annexb, packet
 
 MAX_VIEWERS = 32
 _ANSWER_TIMEOUT_S = 10.0
 _VIEWER_QUEUE_S = 1.0
 _HOLD_S = 3.0  # the longest the stream waits for a viewer whose page is loading or whose connection comes up
+# A chunk whose first frame would wait (less than _CATCH_UP_S) goes out this much faster than real time: the
+# schedule, moved later by chunks that came late, comes back to the render's hand-overs (the viewer's delay with it).
+_SPEED_UP = 0.1
 _CATCH_UP_S = 1.0  # a wait made up by skipping to a keyframe only when the frames skipped span less than this more
 Say = Callable[[Literal["info", "warning"], str], None]
 
@@ -95,7 +99,8 @@ class WebRtcHub:
         self._wake: Optional[Any] = None  # asyncio.Event, made on the loop
         self._origin: Optional[float] = None  # loop.time() at which stream time 0 goes out
         self._pacer: Optional[Any] = None
-        self._media: Optional[OpusFromAac] = None
+        self._media: Optional[OpusFromPcm] = None
+        self._audio_format = (48000, 1)  # the input audio's rate and channels
         self._extradata = b""
         self._fps = Fraction(25)
         self._audio_at = 0.0  # stream time of the next Opus packet
@@ -156,10 +161,8 @@ class WebRtcHub:
         return None
 
     def open(self, tracks: Tracks, start: MuxerState, *, first_frame: int) -> None:
-        self._media = OpusFromAac(tracks)
         self._extradata, self._fps = tracks.avc_extradata, tracks.fps
-        self._audio_at = (start.audio_time - AAC_PRIMING) / tracks.audio_rate
-        self._audio_pts = round(self._audio_at * OPUS_RATE)
+        self._audio_format = (tracks.audio_rate, tracks.audio_channels)
 
     def write(self, fragment: Fragment) -> None:
         items = []
@@ -168,8 +171,12 @@ class WebRtcHub:
             data, key = annexb(sample.data, self._extradata)
             items.append(_Item(float(frame / self._fps), packet(data, round(frame * VIDEO_CLOCK / self._fps),
                                                                   VIDEO_CLOCK), True, key, frame))
-        for sample in fragment.audio:
-            for data in self._media.feed(sample.data):
+        if fragment.pcm is not None:  # (the input audio, not the AAC: it comes with its frames)
+            if self._media is None:
+                self._media = OpusFromPcm(*self._audio_format)
+                self._audio_at = fragment.pcm_at / self._audio_format[0]
+                self._audio_pts = round(self._audio_at * OPUS_RATE)
+            for data in self._media.feed(fragment.pcm):
                 items.append(_Item(self._audio_at, packet(data, self._audio_pts, OPUS_RATE), False))
                 self._audio_at += OPUS_FRAME / OPUS_RATE
                 self._audio_pts += OPUS_FRAME
@@ -212,10 +219,13 @@ class WebRtcHub:
         first = next((it for it in items if isinstance(it, _Item)), None)
         if first is not None and self._first_in is None:
             self._first_in = self._loop.loop.time()
-        if first is not None and self._origin is not None and not self._queue:
-            late = self._loop.loop.time() - (self._origin + first.at)
-            if late > 0:  # generation is slower than real time: the schedule moves by the wait
-                self._origin += late
+        if first is not None and self._origin is not None:
+            early = self._origin + first.at - self._loop.loop.time()
+            if early < 0 and not self._queue:  # generation is slower than real time: the schedule moves by the wait
+                self._origin -= early
+            elif 0 < early < _CATCH_UP_S:  # the schedule runs behind the render: sent a little faster till it is not
+                last = next((it for it in reversed(items) if isinstance(it, _Item)), first)
+                self._origin -= min(early, _SPEED_UP * (last.at - first.at + 1 / float(self._fps)))
         self._queue.extend(items)
         self._drop_ahead()
         self._catch_up()
