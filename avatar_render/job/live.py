@@ -77,6 +77,7 @@ class Live:
         self.server: Optional[WatchServer] = None
         self.sinks: list[Sink] = []
         self._served: Optional[HlsSink] = None  # the sink of the playlist the server serves
+        self.clock: Optional[Callable[[], Optional[float]]] = None  # a real-time session's (push targets pace by it)
         if opts.serve is not None:
             host, port = parse_serve(opts.serve)
             if hls:  # the first playlist named is the one served
@@ -117,7 +118,8 @@ class Live:
     def make_sinks(self, spec: WriterSpec, *, first_frame: int,
                    total_seconds: Callable[[], Optional[float]]) -> list[Sink]:
         opts = self.options
-        pacing = Pacing(policy=opts.underrun, preroll_s=opts.preroll_s, buffer_s=opts.buffer_s, retry_s=opts.retry_s)
+        pacing = Pacing(policy=opts.underrun, preroll_s=opts.preroll_s, buffer_s=opts.buffer_s, retry_s=opts.retry_s,
+                        origin=self.clock)
         chunk_s = float(self.cfg.chunk.chunk_frames / self.cfg.fps)
         sinks: list[Sink] = []
         for t in self.targets:

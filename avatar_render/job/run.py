@@ -56,6 +56,8 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry,
     try:
         if is_stream(request.audio):
             stream = open_stream(request, pieces=pieces, should_stop=should_stop)
+            if live is not None:
+                live.clock = stream.clock_origin
         report = _run(request, mesh, live, stream or Path(request.audio), telemetry=telemetry,
                       on_progress=on_progress, on_message=on_message, should_stop=should_stop)
     except BaseException as exc:
