@@ -186,8 +186,8 @@ def main() -> int:
     handovers.join()
     proc.wait(timeout=60)
     total = round(args.seconds * 25)
-    delays = [at / 1000 - h for s in shown for at, frame, _ in s if (h := handovers.handed_at(frame)) is not None]
-    in_browser = [(at - got) / 1000 for s in shown for at, _, got in s if got is not None]
+    delays = [e[0] / 1000 - h for s in shown for e in s if (h := handovers.handed_at(e[1])) is not None]
+    in_browser = [(e[0] - e[2]) / 1000 for s in shown for e in s if len(e) > 2 and e[2] is not None]
     # the part of it before the frame left the server (polled: a frame seen sent up to 20 ms after it was)
     waits = [at - h for f, at in handovers.sent if (h := handovers.handed_at(f)) is not None]
     log.close()
@@ -195,7 +195,7 @@ def main() -> int:
     figures.update(
         wall_s=round(time.time() - start, 2),
         first_frame_handed_over_s=round(handovers.seen[0][1] - start, 3) if handovers.seen else None,
-        frames_shown_per_viewer=[len({f for _, f, _ in s}) for s in shown], frames_total=total,
+        frames_shown_per_viewer=[len({e[1] for e in s}) for s in shown], frames_total=total,
         glass_to_glass_s={"median": round(percentile(delays, 0.5), 3), "p95": round(percentile(delays, 0.95), 3),
                           "max": round(max(delays), 3)} if delays else None,
         received_to_shown_s={"median": round(percentile(in_browser, 0.5), 3),
