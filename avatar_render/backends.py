@@ -41,7 +41,8 @@ class Backend:
     fps_free: bool = False  # its frame rate may be set to a video reference's (the note says how)
     rig: bool = False  # it moves a mesh fitted to the face in every source frame (dense landmarks); else
     #   it crops the first frame's face for all
-    session_chunks: bool = False  # a real-time session uses ``session.chunk_frames`` (short chunks, low latency)
+    session_chunks: bool = False  # its chunk sizes are free: a real-time session uses ``session.chunk_frames`` and a
+    #   live render starts with a short chunk (low latency)
 
     def load(self, attribute: str) -> Callable[..., Any]:
         """The function ``attribute`` ("build", "checks", "check_sizes") names, imported now."""

@@ -333,6 +333,40 @@ def test_underrun_policies_against_a_listener(tmp_path: Path, policy: str) -> No
         assert any("pre-roll" in m for m in messages)
 
 
+def test_a_live_preview_render_starts_with_a_short_chunk_a_file_render_does_not() -> None:
+    from avatar_render.config import load_config
+    from avatar_render.job.live import LIVE_FIRST_FRAMES, live_request
+    from avatar_render.job.request import LiveOptions, RenderRequest
+
+    def first(live: LiveOptions, *overrides: str) -> int:
+        request = RenderRequest(reference="face.png", audio="talk.wav", output="out.mp4",
+                                config=load_config(None, overrides), live=live)
+        return live_request(request).config.chunk.first_frames
+
+    assert first(LiveOptions(serve="0")) == first(LiveOptions(targets=("-",))) == LIVE_FIRST_FRAMES
+    assert first(LiveOptions()) == 0  # a file render: its bytes stay as they were
+    assert first(LiveOptions(serve="0"), "chunk.first_frames=20") == 20  # set by hand: kept
+    assert first(LiveOptions(serve="0"), "chunk.chunk_frames=8", "chunk.transition_frames=0") == 0  # short anyway
+
+
+def test_a_sessions_push_schedule_counts_from_its_clock_not_from_its_first_packet() -> None:
+    """A real-time session's first packet comes after the render's set-up: the schedule is the session's
+    clock plus the pre-roll (a late packet goes out as it comes), never the first packet plus the pre-roll."""
+    spec = WriterSpec(None, 64, 48, Fraction(25), audio_rate=16000, audio_channels=1)
+    clock = time.monotonic() - 1.5  # the session's time 0 was 1.5 s ago
+    encoder, fragment = next(_fragments(spec, 1, 25))
+    on_clock = PushSink(parse_target("rtmp://127.0.0.1:1/live/x"), Pacing(preroll_s=0.2, origin=lambda: clock),
+                        spec=spec, say=lambda level, text: None)
+    on_clock._start(fragment, time.monotonic())
+    assert on_clock._due(on_clock._video_pts(0)) == pytest.approx(clock + 0.2)
+    assert on_clock._due(on_clock._video_pts(25)) == pytest.approx(clock + 1.2)  # (due: it goes out at once)
+    plain = PushSink(parse_target("rtmp://127.0.0.1:1/live/x"), Pacing(preroll_s=0.2), spec=spec,
+                     say=lambda level, text: None)
+    before = time.monotonic()
+    plain._start(fragment, before)
+    assert plain._due(plain._video_pts(0)) >= before + 0.2  # (a render's stream: from its first packet)
+
+
 @pytest.mark.slow
 @needs_ffmpeg
 def test_a_dropped_connection_is_retried_and_the_file_completes(tmp_path: Path) -> None:

@@ -125,6 +125,46 @@ def test_a_viewer_starts_at_a_keyframe_and_one_that_falls_behind_waits_for_the_n
     assert not viewer.waiting and viewer.video.queue.qsize() == 1 and viewer.first_frame == 10
 
 
+def test_the_stream_waits_for_a_viewer_on_its_way_then_makes_up_the_wait_at_a_keyframe() -> None:
+    """The page was asked for: the first frame is held until its viewer is connected, so that it sees
+    frame 0; the time held is made up at the next keyframe (the frames before it skipped)."""
+    pytest.importorskip("aiortc", reason="needs aiortc (pip install -e '.[webrtc]')")
+    import time
+    from types import SimpleNamespace
+
+    from avatar_render.io.live.webrtc import WebRtcHub, _Item, _Viewer
+
+    def items(frames: range, key: int) -> list:
+        return [_Item(f / 25, f, True, f == key, f) for f in frames]
+
+    hub = WebRtcHub(host="127.0.0.1", buffer_s=10, say=lambda *m: None)
+    pc = SimpleNamespace(connectionState="new")
+    viewer = _Viewer(pc, _Track(100), _Track(100))
+    try:
+        hub.coming()
+        hub._loop.run(asyncio.sleep(0), timeout=10)  # (its aiortc import is done)
+        hub._viewers["v"] = viewer
+        hub._loop.soon(hub._append, items(range(10), key=0))
+        time.sleep(0.3)
+        assert hub.sent_frame == -1 and viewer.video.queue.empty()  # held while the viewer connects
+
+        async def connect_then_more() -> None:
+            pc.connectionState = "connected"
+            while hub.sent_frame < 0:
+                await asyncio.sleep(0.001)
+            hub._append(items(range(10, 20), key=10))  # the next GOP comes while frame 1 waits for its time
+
+        hub._loop.run(connect_then_more(), timeout=10)
+        deadline = time.monotonic() + 10
+        while hub.sent_frame < 19 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        got = [viewer.video.queue.get_nowait() for _ in range(viewer.video.queue.qsize())]
+    finally:
+        hub._viewers.clear()  # (no peer connection to close)
+        hub.shutdown()
+    assert got == [0, *range(10, 20)] and viewer.first_frame == 0
+
+
 class WhipEndpoint:
     """A WHIP endpoint on the loopback built here on aiortc (Debian has no WHIP server to run): it
     answers an offer with 201, decodes what arrives and counts the video frames and audio samples."""

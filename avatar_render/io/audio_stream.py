@@ -181,6 +181,11 @@ class StreamedAudio:
         self._thread = threading.Thread(target=self._read, name="audio-stream", daemon=True)
         self._thread.start()
 
+    def clock_origin(self) -> Optional[float]:
+        """In real time, the time.monotonic() at which the session's time 0 was (None before its first frame,
+        and without real time): a live sink paces from it, not from its own first packet."""
+        return self._t0 if self.realtime else None
+
     # -- the reader thread --------------------------------------------------------------------
 
     def _open(self) -> av.container.InputContainer:

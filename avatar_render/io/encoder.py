@@ -42,6 +42,10 @@ class Fragment:
     audio_time: int  # decode time of audio[0] in samples, the encoder's priming included
     opens_gop: bool  # video[0] is an IDR frame and the encoders were fresh
     last_rgb: Optional[np.ndarray] = None  # (H, W, 3) uint8: the last frame, for a live sink that holds it
+    # (C, n) float32: the chunk's input audio, from input sample ``pcm_at`` on, for a live sink that encodes its
+    # own audio as it comes (the AAC encoder holds up to two frames back till the next chunk)
+    pcm: Optional[np.ndarray] = None
+    pcm_at: int = 0
 
 
 class Aborted(Exception):
@@ -157,9 +161,10 @@ class ChunkEncoder:
             video += self._video_samples(self._video.encode(frame))
         self._fifo_write(audio)
         self._history.add(audio)
+        pcm_at = self.samples
         self.samples += audio.shape[1]
         last = frames[-1].copy() if len(frames) else None  # a copy: a view would keep the whole chunk alive
-        return Fragment(video, self._encode_audio(final=False), first, audio_time, opens_gop, last)
+        return Fragment(video, self._encode_audio(final=False), first, audio_time, opens_gop, last, audio, pcm_at)
 
     def finish(self, *, at_gop_start: bool) -> Fragment:
         """Everything the encoders still hold. ``at_gop_start``: the stream ends where a GOP would open

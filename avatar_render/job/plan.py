@@ -19,7 +19,7 @@ from avatar_render.files.render_paths import render_paths
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import open_reference
 from avatar_render.job.journal import Journal
-from avatar_render.job.live import Live
+from avatar_render.job.live import Live, live_request
 from avatar_render.job.output import (
     check_finished,
     check_output,
@@ -69,6 +69,7 @@ class RenderPlan:
 
 def plan_render(request: RenderRequest) -> RenderPlan:
     """The checks of ``run_job`` up to the models' loading, in the same words, and the plan."""
+    request = live_request(request)
     cfg = request.config
     writes: list[str] = []
     live = None

@@ -20,7 +20,7 @@ from avatar_render.job.journal import (
     Journal,
     identity,
 )
-from avatar_render.job.live import Live, gop_seconds
+from avatar_render.job.live import Live, gop_seconds, live_request
 from avatar_render.job.loop import ChunkLoop
 from avatar_render.job.output import (
     check_finished,
@@ -48,13 +48,15 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry,
     processes of a launch). Live sinks are checked (and the watch server started) first of all.
     A session (the audio is a stream) is read from once the watch server is up; a stop request ends
     its stream, and the render finishes with what came."""
-    request = session_request(request)
+    request = live_request(session_request(request))
     pieces = Pieces() if str(request.audio) == PUSHED else None
     live = Live(request, on_message=on_message, pieces=pieces) if request.live.active else None
     stream = None
     try:
         if is_stream(request.audio):
             stream = open_stream(request, pieces=pieces, should_stop=should_stop)
+            if live is not None:
+                live.clock = stream.clock_origin
         report = _run(request, mesh, live, stream or Path(request.audio), telemetry=telemetry,
                       on_progress=on_progress, on_message=on_message, should_stop=should_stop)
     except BaseException as exc:

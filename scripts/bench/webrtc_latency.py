@@ -48,18 +48,23 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required"]
 TAKE_SHOWN = "() => { const s = window.watch.shown; window.watch.shown = []; return s; }"
 DECODED = """async () => { if (!rtc) return null; const out = {};
+    for (const s of (await rtc.pc.getStats()).values()) if (s.type === 'inbound-rtp' && s.kind === 'audio')
+      out.audio_jitter_buffer_s = s.jitterBufferDelay / Math.max(1, s.jitterBufferEmittedCount);
     for (const s of (await rtc.pc.getStats()).values()) if (s.type === 'inbound-rtp' && s.kind === 'video')
       Object.assign(out, {received: s.framesReceived, decoded: s.framesDecoded, dropped: s.framesDropped,
-                          lost: s.packetsLost, freezes: s.freezeCount});
+                          lost: s.packetsLost, freezes: s.freezeCount,
+                          jitter_buffer_s: s.jitterBufferDelay / Math.max(1, s.jitterBufferEmittedCount),
+                          decode_s: s.totalDecodeTime / Math.max(1, s.framesDecoded)});
     return out; }"""
 
 
 class Handovers(threading.Thread):
-    """status.json polled: (newest frame, the time.time() the writer handed it over), each change once."""
+    """status.json polled: (newest frame, the time.time() the writer handed it over), each change once; and
+    (frame, the time.time() it was seen sent), for the frames seen as the last one sent."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
-        self.url, self.seen, self.stop = url, [], threading.Event()
+        self.url, self.seen, self.sent, self.stop = url, [], [], threading.Event()
         self.start()
 
     def run(self) -> None:
@@ -69,6 +74,8 @@ class Handovers(threading.Thread):
                     rtc = json.load(r).get("webrtc") or {}
                 if rtc.get("newest_at") and (not self.seen or rtc["newest_frame"] > self.seen[-1][0]):
                     self.seen.append((rtc["newest_frame"], rtc["newest_at"]))
+                if rtc.get("sent_frame", -1) >= 0 and (not self.sent or rtc["sent_frame"] > self.sent[-1][0]):
+                    self.sent.append((rtc["sent_frame"], time.time()))
             except OSError:
                 pass
             time.sleep(0.02)
@@ -180,15 +187,22 @@ def main() -> int:
     handovers.join()
     proc.wait(timeout=60)
     total = round(args.seconds * 25)
-    delays = [at / 1000 - h for s in shown for at, frame in s if (h := handovers.handed_at(frame)) is not None]
+    delays = [e[0] / 1000 - h for s in shown for e in s if (h := handovers.handed_at(e[1])) is not None]
+    in_browser = [(e[0] - e[2]) / 1000 for s in shown for e in s if len(e) > 2 and e[2] is not None]
+    # the part of it before the frame left the server (polled: a frame seen sent up to 20 ms after it was)
+    waits = [at - h for f, at in handovers.sent if (h := handovers.handed_at(f)) is not None]
     log.close()
     summary = [ln for ln in (work / "render.log").read_text().splitlines() if ln.startswith("Streamed")]
     figures.update(
         wall_s=round(time.time() - start, 2),
         first_frame_handed_over_s=round(handovers.seen[0][1] - start, 3) if handovers.seen else None,
-        frames_shown_per_viewer=[len({f for _, f in s}) for s in shown], frames_total=total,
+        frames_shown_per_viewer=[len({e[1] for e in s}) for s in shown], frames_total=total,
         glass_to_glass_s={"median": round(percentile(delays, 0.5), 3), "p95": round(percentile(delays, 0.95), 3),
                           "max": round(max(delays), 3)} if delays else None,
+        received_to_shown_s={"median": round(percentile(in_browser, 0.5), 3),
+                             "p95": round(percentile(in_browser, 0.95), 3)} if in_browser else None,
+        handed_over_to_sent_s={"median": round(percentile(waits, 0.5), 3), "p95": round(percentile(waits, 0.95), 3),
+                               "max": round(max(waits), 3)} if waits else None,
         summary=summary[-1] if summary else None,
         rss_mb={"after_60_s": next((round(m) for t, m in rss if t >= 60 and m), None),
                 "last": next((round(m) for _, m in reversed(rss) if m), None),

@@ -10,6 +10,11 @@ When the queue is empty at a packet's time (generation slower than real time), t
 (a closed GOP of its own, at a GOP end only; elsewhere it stalls), ``preroll`` measures the speed on
 the first chunks and delays the start so that a render of known length plays through without a stall.
 
+In a real-time session the start is the session's clock's time 0 (``Pacing.origin``), not the first
+packet, which comes after the render's set-up: the stream's delay behind the clock is the pre-roll, not
+the pre-roll plus the set-up. A late packet then goes out as soon as it comes and the schedule stays on
+the clock (the session's timeline follows the clock: nothing would ever bring a moved schedule back).
+
 A lost connection is retried with back-off for ``retry_s`` seconds; meanwhile the fragments past their time are dropped
 (the file keeps being written), and the stream goes on at the next keyframe, its times continuing the
 same timeline. After that the target is given up (``failed``) and the render goes on without it.
@@ -46,6 +51,10 @@ class Pacing:
     preroll_s: float = 1.0  # packet n leaves at start + its time + this
     buffer_s: float = 10.0  # media the queue may hold ahead of the wire (``preroll`` raises it as it needs)
     retry_s: float = 30.0  # how long a lost connection is retried before the target is given up
+    # a real-time session's clock (io/audio_stream.py): the time.monotonic() at which its time 0 was. The
+    # schedule then counts from it rather than from the first packet, which comes after the render's set-up
+    # (a schedule counted from there would keep the set-up's delay for the whole session).
+    origin: Optional[Callable[[], Optional[float]]] = None
 
 
 @dataclass
@@ -144,6 +153,7 @@ class PushSink:
         self._t0: Optional[float] = None
         self._pts0 = 0
         self._shift = 0.0
+        self._on_clock = False  # the schedule follows a session's clock: a late packet goes out when it comes
         self._next_video = 0  # wire time of the next video packet
         self._next_audio = 0
         self._hold_video = self._hold_audio = 0  # filler sent, in wire ticks, per track
@@ -237,10 +247,11 @@ class PushSink:
                     return got
                 continue
             due = self._due(self._next_video)
-            got = self._buffer.get(timeout=max(0.0, min(due - time.monotonic(), 0.1)))
+            late = self._on_clock and time.monotonic() >= due  # (on a session's clock: no stall, what comes goes out)
+            got = self._buffer.get(timeout=0.1 if late else max(0.0, min(due - time.monotonic(), 0.1)))
             if got is not None:
                 return got
-            if time.monotonic() < due:
+            if time.monotonic() < due or self._on_clock:
                 continue
             if self.pacing.policy == "hold" and self._at_gop_end and self._hold():
                 continue
@@ -278,7 +289,11 @@ class PushSink:
             preroll = max(preroll, self._needed_preroll(fragment, put_at))
         self.stats.preroll_s = preroll
         first = min(self._video_pts(fragment.first_frame), self._audio_pts(fragment.audio_time))
-        self._t0, self._pts0, self._shift = time.monotonic() + preroll, first, 0.0
+        self._t0, self._pts0, self._shift, self._on_clock = time.monotonic() + preroll, first, 0.0, False
+        origin = self.pacing.origin() if self.pacing.origin is not None and not self._epoch else None
+        if origin is not None:  # (the first start only: after a lost connection the stream goes on from a keyframe)
+            self._t0, self._pts0 = min(origin, time.monotonic()) + preroll, self._video_pts(0)
+            self._on_clock = True
 
     def _needed_preroll(self, first: Fragment, put_at: float) -> float:
         """The wait that lets a render of known length play through: generation speed from the first

@@ -3,7 +3,8 @@ PPS before every IDR frame (a viewer may start at any keyframe), and Opus in pla
 
 The video is the file's own encode, not encoded again: x264 with ``tune=zerolatency`` (no B-frames,
 progressive), which browsers decode in WebRTC whatever profile the SDP named (docs/live.md). The AAC is
-decoded once and encoded once as Opus (48 kHz, 20-ms packets) for every viewer, since WebRTC has no AAC.
+decoded once and encoded once as Opus (48 kHz, 20-ms packets) for every viewer, since WebRTC has no AAC;
+the watch page's viewers get the render's input audio encoded as Opus once instead (``OpusFromPcm``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import struct
 from fractions import Fraction
 
 import av
+import numpy as np
 
 from avatar_render.io.fmp4 import AAC_FRAME, Tracks
 
@@ -44,14 +46,7 @@ class OpusFromAac:
         self._decoder = av.CodecContext.create("aac", "r")
         self._decoder.extradata = tracks.aac_extradata
         self._resampler = av.AudioResampler(format="s16", layout="stereo", rate=OPUS_RATE, frame_size=OPUS_FRAME)
-        self._encoder = av.CodecContext.create("libopus", "w")
-        self._encoder.sample_rate = OPUS_RATE
-        self._encoder.layout = "stereo"
-        self._encoder.format = "s16"
-        self._encoder.bit_rate = 96_000
-        self._encoder.time_base = Fraction(1, OPUS_RATE)
-        self._encoder.options = {"application": "audio", "frame_duration": "20"}
-        self._encoder.open()
+        self._encoder = _opus_encoder()
         self._rate = tracks.audio_rate
         self._fed = 0
 
@@ -65,6 +60,35 @@ class OpusFromAac:
             for resampled in self._resampler.resample(frame):
                 out += [bytes(p) for p in self._encoder.encode(resampled)]
         return out
+
+
+class OpusFromPcm:
+    """The render's input audio ((C, n) float32 at ``rate``) in, 20-ms Opus packets out: the audio leaves
+    with its chunk's frames (the AAC encoder would hold up to two of its frames back till the next chunk)."""
+
+    def __init__(self, rate: int, channels: int) -> None:
+        self._rate, self._layout = rate, "mono" if channels == 1 else "stereo"
+        self._resampler = av.AudioResampler(format="s16", layout="stereo", rate=OPUS_RATE, frame_size=OPUS_FRAME)
+        self._encoder = _opus_encoder()
+
+    def feed(self, pcm: np.ndarray) -> list[bytes]:
+        if not pcm.shape[1]:
+            return []
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm, np.float32), format="fltp", layout=self._layout)
+        frame.sample_rate = self._rate
+        return [bytes(p) for resampled in self._resampler.resample(frame) for p in self._encoder.encode(resampled)]
+
+
+def _opus_encoder() -> av.AudioCodecContext:
+    encoder = av.CodecContext.create("libopus", "w")
+    encoder.sample_rate = OPUS_RATE
+    encoder.layout = "stereo"
+    encoder.format = "s16"
+    encoder.bit_rate = 96_000
+    encoder.time_base = Fraction(1, OPUS_RATE)
+    encoder.options = {"application": "audio", "frame_duration": "20"}
+    encoder.open()
+    return encoder
 
 
 def packet(data: bytes, pts: int, clock: int) -> av.Packet:

@@ -89,6 +89,8 @@ class WatchServer:
                 if path == "/favicon.ico":
                     self._reply(b"", "image/x-icon", cache=True)
                 elif path in files:
+                    if path == "/" and server.webrtc is not None:
+                        server.webrtc.coming()
                     self._reply(*files[path], cache=True)
                 elif path == "/status.json":
                     ready = server.playlist in server.served()  # the player starts once it is there

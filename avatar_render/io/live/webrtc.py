@@ -1,14 +1,20 @@
 """WebRTC viewers of ``--serve`` (WHEP: the page POSTs an SDP offer to /whep and gets the answer with
 201 and a Location, which a DELETE hangs up).
 
-One sink for every viewer: the writer hands it each fragment (the file's H.264, its AAC as Opus:
-``rtc_media``), and a pacer on aiortc's loop (``rtc_loop``) sends the packets at real time from the
+One sink for every viewer: the writer hands it each fragment (the file's H.264, and its input audio as
+Opus: ``rtc_media``), and a pacer on aiortc's loop (``rtc_loop``) sends the packets at real time from the
 first one, to every viewer at once. The writer never waits here. When generation runs ahead, the pacer's
 queue holds up to ``buffer_s`` seconds; past that its oldest GOP is dropped (viewers jump ahead to the
 next keyframe, which keeps them within ``buffer_s`` of the render). When generation is slower, a packet
-goes out as soon as it comes (the schedule moves by the wait). Each viewer has a queue of about a second;
-a viewer whose queue is full (aiortc could not send for it) loses it and goes on at the next keyframe,
-as does a viewer who joins while the stream runs.
+goes out as soon as it comes (the schedule moves by the wait); when a chunk then comes before its time
+the schedule comes back, a tenth faster than real time, so that the delay does not creep up. Each viewer
+has a queue of about a second; a viewer whose queue is full (aiortc could not send for it) loses it and
+goes on at the next keyframe, as does a viewer who joins while the stream runs.
+
+The first viewer sees the first frame: while the page is loading or its connection comes up (``coming``:
+at most ``_HOLD_S``), the stream does not start; the time it waited is made up at the next keyframe that
+comes within ``_CATCH_UP_S`` of the queue's start (the frames before it are skipped), so that a stream
+held to real time goes back to the live edge.
 """
 
 from __future__ import annotations
@@ -24,13 +30,18 @@ from typing import Any, Callable, Literal, Optional
 import av
 
 from avatar_render.io.encoder import Fragment
-from avatar_render.io.fmp4 import AAC_PRIMING, MuxerState, Tracks
+from avatar_render.io.fmp4 import MuxerState, Tracks
 from avatar_render.io.live.rtc_loop import RtcLoop, addresses_for, packet_track, peer_connection, without_mdns
-from avatar_render.io.live.rtc_media import OPUS_FRAME, OPUS_RATE, VIDEO_CLOCK, OpusFromAac, annexb, packet
+from avatar_render.io.live.rtc_media import OPUS_FRAME, OPUS_RATE, VIDEO_CLOCK, OpusFromPcm, annexb, packet
 
 MAX_VIEWERS = 32
 _ANSWER_TIMEOUT_S = 10.0
 _VIEWER_QUEUE_S = 1.0
+_HOLD_S = 3.0  # the longest the stream waits for a viewer whose page is loading or whose connection comes up
+# A chunk whose first frame would wait (less than _CATCH_UP_S) goes out this much faster than real time: the
+# schedule, moved later by chunks that came late, comes back to the render's hand-overs (the viewer's delay with it).
+_SPEED_UP = 0.1
+_CATCH_UP_S = 1.0  # a wait made up by skipping to a keyframe only when the frames skipped span less than this more
 Say = Callable[[Literal["info", "warning"], str], None]
 
 
@@ -88,7 +99,8 @@ class WebRtcHub:
         self._wake: Optional[Any] = None  # asyncio.Event, made on the loop
         self._origin: Optional[float] = None  # loop.time() at which stream time 0 goes out
         self._pacer: Optional[Any] = None
-        self._media: Optional[OpusFromAac] = None
+        self._media: Optional[OpusFromPcm] = None
+        self._audio_format = (48000, 1)  # the input audio's rate and channels
         self._extradata = b""
         self._fps = Fraction(25)
         self._audio_at = 0.0  # stream time of the next Opus packet
@@ -99,9 +111,17 @@ class WebRtcHub:
         self.frames_sent = 0
         self.dropped_gops = 0
         self.ended = False
+        self._hold_until: Optional[float] = None  # (loop time) the first packet waits for a coming viewer till then
+        self._first_in: Optional[float] = None  # (loop time) the first packet came
+        self._debt = 0.0  # s the stream's start waited for a viewer, to be made up at a keyframe
         self._loop.soon(self._start_pacer)
 
     # The watch server's side (its request threads).
+
+    def coming(self) -> None:
+        """A viewer is on its way (the page was asked for): aiortc is imported now rather than when its offer
+        comes, and a stream not yet started waits for it (at most ``_HOLD_S``)."""
+        self._loop.soon(self._coming)
 
     def answer(self, offer: str) -> tuple[str, str]:
         """An SDP offer -> (session id, SDP answer); Refused when it cannot be taken."""
@@ -141,10 +161,8 @@ class WebRtcHub:
         return None
 
     def open(self, tracks: Tracks, start: MuxerState, *, first_frame: int) -> None:
-        self._media = OpusFromAac(tracks)
         self._extradata, self._fps = tracks.avc_extradata, tracks.fps
-        self._audio_at = (start.audio_time - AAC_PRIMING) / tracks.audio_rate
-        self._audio_pts = round(self._audio_at * OPUS_RATE)
+        self._audio_format = (tracks.audio_rate, tracks.audio_channels)
 
     def write(self, fragment: Fragment) -> None:
         items = []
@@ -153,8 +171,12 @@ class WebRtcHub:
             data, key = annexb(sample.data, self._extradata)
             items.append(_Item(float(frame / self._fps), packet(data, round(frame * VIDEO_CLOCK / self._fps),
                                                                   VIDEO_CLOCK), True, key, frame))
-        for sample in fragment.audio:
-            for data in self._media.feed(sample.data):
+        if fragment.pcm is not None:  # (the input audio, not the AAC: it comes with its frames)
+            if self._media is None:
+                self._media = OpusFromPcm(*self._audio_format)
+                self._audio_at = fragment.pcm_at / self._audio_format[0]
+                self._audio_pts = round(self._audio_at * OPUS_RATE)
+            for data in self._media.feed(fragment.pcm):
                 items.append(_Item(self._audio_at, packet(data, self._audio_pts, OPUS_RATE), False))
                 self._audio_at += OPUS_FRAME / OPUS_RATE
                 self._audio_pts += OPUS_FRAME
@@ -178,19 +200,50 @@ class WebRtcHub:
 
     # The loop's side.
 
+    def _coming(self) -> None:
+        if self._origin is None:
+            self._hold_until = self._loop.loop.time() + _HOLD_S
+        import aiortc  # noqa: F401 - (once: the offer is answered sooner)
+
+    def _held(self) -> bool:
+        """Whether the stream's start waits for a viewer still connecting."""
+        if self._hold_until is None or self._loop.loop.time() >= self._hold_until:
+            return False
+        return not any(v.pc.connectionState == "connected" for v in self._viewers.values())
+
     def _start_pacer(self) -> None:
         self._wake = asyncio.Event()
         self._pacer = self._loop.loop.create_task(self._pace())
 
     def _append(self, items: list) -> None:
         first = next((it for it in items if isinstance(it, _Item)), None)
-        if first is not None and self._origin is not None and not self._queue:
-            late = self._loop.loop.time() - (self._origin + first.at)
-            if late > 0:  # generation is slower than real time: the schedule moves by the wait
-                self._origin += late
+        if first is not None and self._first_in is None:
+            self._first_in = self._loop.loop.time()
+        if first is not None and self._origin is not None:
+            early = self._origin + first.at - self._loop.loop.time()
+            if early < 0 and not self._queue:  # generation is slower than real time: the schedule moves by the wait
+                self._origin -= early
+            elif 0 < early < _CATCH_UP_S:  # the schedule runs behind the render: sent a little faster till it is not
+                last = next((it for it in reversed(items) if isinstance(it, _Item)), first)
+                self._origin -= min(early, _SPEED_UP * (last.at - first.at + 1 / float(self._fps)))
         self._queue.extend(items)
         self._drop_ahead()
+        self._catch_up()
         self._wake.set()
+
+    def _catch_up(self) -> None:
+        """The wait for the first viewer made up: the frames before a keyframe that came soon enough skipped."""
+        if self._debt <= 0 or self._origin is None:
+            return
+        timed = [it for it in self._queue if isinstance(it, _Item)]
+        key = next((it for it in timed[1:] if it.video and it.key), None)
+        if key is None:
+            return
+        if key.at - timed[0].at <= self._debt + _CATCH_UP_S:
+            while self._queue[0] is not key:
+                self._queue.popleft()
+            self._origin -= key.at - timed[0].at  # (the keyframe goes out when the first frame skipped was due)
+        self._debt = 0.0
 
     def _drop_ahead(self) -> None:
         """While more than ``buffer_s`` is queued, the oldest GOP goes (up to the next keyframe)."""
@@ -223,6 +276,12 @@ class WebRtcHub:
                 continue
             now = loop.time()
             if self._origin is None:
+                if self._held():
+                    await asyncio.sleep(0.01)
+                    continue
+                if self._hold_until is not None:
+                    self._debt = max(0.0, now - self._first_in)
+                self._hold_until = None
                 self._origin = now - item.at
             due = self._origin + item.at
             if due > now + 0.002:
