@@ -247,6 +247,24 @@ def test_a_session_cannot_be_resumed_nor_pushed_to_without_serve(tmp_path, face_
     assert not list(tmp_path.iterdir())
 
 
+def test_a_real_time_session_pushes_with_a_shorter_pre_roll_unless_told(face_png):
+    from avatar_render.api import LiveOptions
+    from avatar_render.job.live import PREROLL_S, Live
+    from avatar_render.job.session import SESSION_PREROLL_S, session_request
+
+    def preroll(audio: str, **options) -> float:
+        live = LiveOptions(targets=("rtmp://127.0.0.1:1/live/k",), **options)
+        request = session_request(RenderRequest(reference=face_png, audio=audio, output=None, config=load_config(),
+                                                live=live))
+        return Live(request, on_message=lambda level, text: None).preroll_s
+
+    assert SESSION_PREROLL_S < PREROLL_S
+    assert preroll("rtmp://127.0.0.1:9/live/in") == SESSION_PREROLL_S  # a listener: on the clock
+    assert preroll("-") == PREROLL_S  # a pipe is file-like unless session.realtime=on
+    assert preroll("tests/x.wav") == PREROLL_S  # a file
+    assert preroll("rtmp://127.0.0.1:9/live/in", preroll_s=1.5) == 1.5  # --preroll wins
+
+
 @needs_ffmpeg
 def test_an_rtmp_sender_into_the_listener_is_a_real_time_session(tmp_path):
     """ffmpeg -re publishes 2 s of speech (AAC in FLV) to --audio rtmp://127.0.0.1:PORT/...: the session (real

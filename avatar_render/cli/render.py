@@ -51,8 +51,9 @@ def render(
     underrun: Annotated[str, typer.Option(
         "--underrun", help="RTMP/SRT when generation is slower than real time: stall (wait), hold (last frame and "
                            "silence), preroll (start late enough to play through).")] = "stall",
-    preroll: Annotated[float, typer.Option(
-        "--preroll", metavar="SECONDS", help="RTMP/SRT: delay of every packet after its time.")] = 1.0,
+    preroll: Annotated[Optional[float], typer.Option(
+        "--preroll", metavar="SECONDS", help="RTMP/SRT: delay of every packet after its time (default 1; 0.8 in "
+                                             "a real-time session).", show_default=False)] = None,
     live_buffer: Annotated[float, typer.Option(
         "--live-buffer", metavar="SECONDS", help="RTMP/SRT: encoded media queued ahead of the wire.")] = 10.0,
     live_retry: Annotated[float, typer.Option(

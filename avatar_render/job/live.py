@@ -32,6 +32,7 @@ _SERVED_PLAYLIST = "live.m3u8"
 # The preview's first chunk in a live render (unless chunk.first_frames says otherwise): its frames are what
 # a watcher waits for, 0.1 s of work against 0.45 s for a 50-frame chunk; the chunks after it keep their size.
 LIVE_FIRST_FRAMES = 12
+PREROLL_S = 1.0  # push targets: packet n leaves at start + its time + this (job.session: a session's)
 
 
 def live_request(request: RenderRequest) -> RenderRequest:
@@ -67,7 +68,8 @@ class Live:
         self.targets = [parse_target(t) for t in opts.targets]
         if opts.underrun not in POLICIES:
             raise AvatarRenderError(f"Underrun policy '{opts.underrun}' is not one of {', '.join(POLICIES)}.")
-        for name, value in (("pre-roll", opts.preroll_s), ("live buffer", opts.buffer_s), ("retry time", opts.retry_s),
+        self.preroll_s = PREROLL_S if opts.preroll_s is None else opts.preroll_s
+        for name, value in (("pre-roll", self.preroll_s), ("live buffer", opts.buffer_s), ("retry time", opts.retry_s),
                             ("serve linger", opts.linger_s)):
             if not 0 <= value <= 24 * 3600:
                 raise AvatarRenderError(f"The {name} of {value:g} s must be between 0 s and a day.")
@@ -123,7 +125,7 @@ class Live:
     def make_sinks(self, spec: WriterSpec, *, first_frame: int,
                    total_seconds: Callable[[], Optional[float]]) -> list[Sink]:
         opts = self.options
-        pacing = Pacing(policy=opts.underrun, preroll_s=opts.preroll_s, buffer_s=opts.buffer_s, retry_s=opts.retry_s,
+        pacing = Pacing(policy=opts.underrun, preroll_s=self.preroll_s, buffer_s=opts.buffer_s, retry_s=opts.retry_s,
                         origin=self.clock)
         chunk_s = float(self.cfg.chunk.chunk_frames / self.cfg.fps)
         sinks: list[Sink] = []

@@ -19,7 +19,8 @@ class LiveOptions:
     targets: tuple[str, ...] = ()  # rtmp://host/app/key, srt://host:port?..., PATH.m3u8, - (fMP4 on standard output)
     serve: Optional[str] = None  # [ADDR:]PORT: the watch page and the HLS stream over HTTP (ADDR: the loopback)
     underrun: str = "stall"  # push targets when generation is slower than real time: stall | hold | preroll
-    preroll_s: float = 1.0  # push targets: packet n leaves at start + its time + this
+    # push targets: packet n leaves at start + its time + this; None: 1 s, 0.8 s in a real-time session
+    preroll_s: Optional[float] = None
     buffer_s: float = 10.0  # push targets: encoded media queued ahead of the wire (memory stays flat)
     retry_s: float = 30.0  # push targets: a lost connection is retried this long, then given up
     linger_s: float = 10.0  # --serve: after the render, go on serving while the page was open this recently

@@ -24,6 +24,8 @@ from avatar_render.io.audio_stream import (
 )
 from avatar_render.job.request import RenderRequest
 
+SESSION_PREROLL_S = 0.8  # a real-time session's push targets, unless --preroll says (docs/live.md: p95 under 1 s)
+
 
 def realtime(request: RenderRequest) -> bool:
     """Whether the session runs on the clock: ``session.realtime``, auto = on for pushed and network inputs."""
@@ -48,6 +50,8 @@ def session_request(request: RenderRequest) -> RenderRequest:
         chunk = dataclasses.replace(cfg.chunk, chunk_frames=cfg.session.chunk_frames,
                                     transition_frames=cfg.session.transition_frames, first_frames=0)
         request = dataclasses.replace(request, config=dataclasses.replace(cfg, chunk=chunk))
+    if realtime(request) and request.live.preroll_s is None:  # (its 8-frame chunks: the speech seen sooner)
+        request = dataclasses.replace(request, live=dataclasses.replace(request.live, preroll_s=SESSION_PREROLL_S))
     return request
 
 
