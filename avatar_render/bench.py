@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from avatar_render.config import FILE_GOP_S
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import os_reason, shown
 from avatar_render.files.read import read_json, regular_file
@@ -112,7 +113,8 @@ def _encode_only(video: Path, config: dict) -> dict:
     process of its own: a process started by this one counts this one's largest size as its own peak
     memory (it begins as a copy), and the decoded frames would make that the next render's peak."""
     v, chunk = config["video"], config["chunk"]
-    args = dict(crf=v["crf"], preset=v["preset"], gop_seconds=v["gop_seconds"], chunk_frames=chunk["chunk_frames"])
+    args = dict(crf=v["crf"], preset=v["preset"], gop_seconds=v["gop_seconds"] or FILE_GOP_S,  # (a file's)
+                chunk_frames=chunk["chunk_frames"])
     code = ("import json, sys, time; from avatar_render.io.encode_rate import encode_rate; "
             "r = encode_rate(sys.argv[1], **json.loads(sys.argv[2])); "
             "print(json.dumps([r.frames, r.seconds, r.cpu_seconds, r.frames_per_second, r.realtime_factor, "

@@ -37,6 +37,10 @@ _EVEN_SIDE = f"an even number from 16 to {MAX_SIDE}"
 _MAX_YAML_BYTES = 1 << 20  # a config file is a few hundred bytes; anything this large is the wrong file
 
 
+FILE_GOP_S, LIVE_GOP_S = 10.0, 2.0  # video.gop_seconds=0: a file's keyframe interval, a live render's (what
+#   streaming services ask for)
+
+
 @dataclass(frozen=True)
 class VideoConfig:
     width: int = 512  # output size in pixels, even
@@ -46,6 +50,10 @@ class VideoConfig:
     audio_bitrate: int = 128_000  # AAC bits per second
     gop_seconds: float = 0.0  # a keyframe (and a fresh encoder) at the first chunk start this long after the last:
     #   where a stopped render resumes, an HLS segment; 0: 10 s for a file, 2 s for a live render (--live, --serve)
+
+    def gop(self, *, live: bool) -> float:
+        """The keyframe interval in seconds: ``gop_seconds``, or when it is 0 a file's or a live render's."""
+        return self.gop_seconds or (LIVE_GOP_S if live else FILE_GOP_S)
 
 
 @dataclass(frozen=True)

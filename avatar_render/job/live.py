@@ -48,13 +48,9 @@ def live_request(request: RenderRequest) -> RenderRequest:
     return dataclasses.replace(request, config=dataclasses.replace(cfg, chunk=chunk))
 
 
-FILE_GOP_S, LIVE_GOP_S = 10.0, 2.0  # video.gop_seconds=0: a file's keyframe interval, a live render's (what
-#   streaming services ask for)
-
-
 def gop_seconds(cfg: Config, live: Optional["Live"]) -> float:
     """The keyframe interval of a render's writer (the resume points, the HLS segments)."""
-    return (cfg.video.gop_seconds or FILE_GOP_S) if live is None else live.gop_seconds(cfg)
+    return cfg.video.gop(live=False) if live is None else live.gop_seconds(cfg)
 
 
 class Live:
@@ -120,7 +116,7 @@ class Live:
     def gop_seconds(self, cfg: Config) -> float:
         """The writer's shortest GOP: ``video.gop_seconds``, 2 s when unset (segments and joins stay
         short); under ``hold`` every chunk starts one (filler can only be spliced in before a keyframe)."""
-        return 1e-6 if self.options.underrun == "hold" else cfg.video.gop_seconds or LIVE_GOP_S
+        return 1e-6 if self.options.underrun == "hold" else cfg.video.gop(live=True)
 
     def make_sinks(self, spec: WriterSpec, *, first_frame: int,
                    total_seconds: Callable[[], Optional[float]]) -> list[Sink]:
