@@ -86,6 +86,7 @@ def _moving(frames: np.ndarray) -> bool:
     return bool(np.abs(frames[1:].astype(np.int16) - frames[:-1]).max() > 0)
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_a_finished_file_piped_in_renders_the_same_bytes_as_the_file(tmp_path):
     """--audio - with a WAV whose header says 0xFFFFFFFF (as ffmpeg writes to a pipe) or a wrong length, or with
@@ -108,6 +109,7 @@ def test_a_finished_file_piped_in_renders_the_same_bytes_as_the_file(tmp_path):
     assert report["open_duration"] is True and report["frames"] == 50 and report["idle_s"] is None
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_ffmpeg_paced_into_standard_input_runs_on_the_clock(tmp_path):
     """ffmpeg -re feeds 2 s of speech at real-time pace: the output holds it all, in order, plus whatever
@@ -147,6 +149,7 @@ def _post(port: int, path: str, pieces: list[bytes] = (), *, pause_s: float = 0.
     return response.status
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_speech_pushed_in_pieces_with_gaps_shows_an_idle_face_between_them(tmp_path):
     """An agent's synthesizer pushes two utterances with a 2.5 s gap, then POST /end: every sample that came is
@@ -203,6 +206,7 @@ def _playable_frames(path: Path) -> int:
         return 0
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_ctrl_c_finishes_a_session_with_the_audio_that_came(tmp_path):
     session, _ = _session_on_a_pipe(tmp_path)
@@ -214,6 +218,7 @@ def test_ctrl_c_finishes_a_session_with_the_audio_that_came(tmp_path):
     assert not (tmp_path / "s.partial.mp4").exists()
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_a_killed_session_leaves_a_playable_file_that_only_force_replaces(tmp_path):
     session, partial = _session_on_a_pipe(tmp_path)
@@ -265,6 +270,7 @@ def test_a_real_time_session_pushes_with_a_shorter_pre_roll_unless_told(face_png
     assert preroll("rtmp://127.0.0.1:9/live/in", preroll_s=1.5) == 1.5  # --preroll wins
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_an_rtmp_sender_into_the_listener_is_a_real_time_session(tmp_path):
     """ffmpeg -re publishes 2 s of speech (AAC in FLV) to --audio rtmp://127.0.0.1:PORT/...: the session (real
@@ -289,6 +295,7 @@ def test_an_rtmp_sender_into_the_listener_is_a_real_time_session(tmp_path):
     assert abs(video_s - audio_s) <= 1 / 25
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_an_srt_sender_into_the_listener_is_a_real_time_session(tmp_path):
     """The same through an SRT listener (the ffmpeg command reads it): the idle face while nobody has connected
@@ -312,6 +319,7 @@ def test_an_srt_sender_into_the_listener_is_a_real_time_session(tmp_path):
     assert abs(video_s - audio_s) <= 1 / 25
 
 
+@pytest.mark.slow
 @needs_ffmpeg
 def test_a_real_time_session_on_the_tiny_diffusion_config(tmp_path):
     """The diffusion backend (tiny config) in a session fed by ffmpeg -re: it keeps its own chunk sizes, holds

@@ -252,6 +252,7 @@ main()
 """
 
 
+@pytest.mark.slow
 def test_a_killed_dub_resumes_to_the_same_bytes(media, tmp_path):
     args = ["render", "--ref", str(media / "take.mp4"), "--audio", str(media / "long.wav"), "--quiet", *SIZE,
             "chunk.chunk_frames=20", "chunk.transition_frames=4", "video.gop_seconds=0.5"]
