@@ -77,8 +77,8 @@ def report_of(out: Path, job: dict) -> dict:
 
 
 def chunk_hashes(report: dict) -> list[tuple]:
-    """(start, end, frames_sha256, audio_sha256) of every chunk of a render report."""
-    return [(c["start"], c["end"], c["frames_sha256"], c["audio_sha256"]) for c in report["chunks"]]
+    """(start, end, video_sha256, audio_sha256) of every chunk of a render report."""
+    return [(c["start"], c["end"], c["video_sha256"], c["audio_sha256"]) for c in report["chunks"]]
 
 
 def committed_frames(output: Path) -> int:

@@ -51,7 +51,7 @@ def render_args(tmp: Path, audio: Path, name: str, *overrides: str) -> list[str]
 
 
 def hashes(report: Path) -> list[str]:
-    return [c["frames_sha256"] for c in json.loads(report.read_text())["chunks"]]
+    return [c["video_sha256"] for c in json.loads(report.read_text())["chunks"]]
 
 
 def decoded(path: Path) -> np.ndarray:

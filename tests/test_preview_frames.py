@@ -50,3 +50,14 @@ def test_frames_drawn_into_reused_buffers_are_the_frames_drawn_afresh():
         del frames
         gc.collect()
     assert len(blocks) < 6  # (some were reused)
+
+
+def test_frames_of_two_rigs_drawn_in_turn_are_the_frames_of_each_alone():
+    """The head maps' buffers kept by the drawing thread follow the rig drawn: two sizes in turn draw what each
+    draws alone."""
+    rigs = [rig_for(160, 128).rig, rig_for(256, 256).rig]  # (heads of two sizes)
+    rows = [row(open_=0.6, width=0.3, blink=0.5, dx=0.02, roll=2.0), row(open_=-1.0, dy=-0.01, zoom=0.02)]
+    alone = [[render_frame(rig, p) for p in rows] for rig in rigs]
+    for i, p in enumerate(rows):
+        for rig, frames in zip(rigs, alone):
+            assert np.array_equal(render_frame(rig, p), frames[i])

@@ -64,3 +64,15 @@ def test_rgb_to_yuv_matches_ffmpegs_bt709_conversion():
     # chroma: the same within the two resamplers' different filters (mostly at sharp colour edges)
     assert np.abs(ours[240:] - ffmpeg[240:]).mean() < 0.5
     assert 16 <= ours[:240].min() and ours[:240].max() <= 235
+
+
+def test_rgb_to_yuv_in_kept_buffers_is_the_fresh_conversion():
+    """One thread's kept buffers, for frames of two sizes in turn, give the bytes of a conversion afresh."""
+    from avatar_render.io.encoder import YuvScratch
+
+    face = load_reference(FACE)
+    pictures = [np.ascontiguousarray(cv2.resize(face, size, interpolation=cv2.INTER_AREA))
+                for size in ((320, 240), (256, 256), (320, 240))]
+    scratch = YuvScratch()
+    for rgb in pictures:
+        assert np.array_equal(to_yuv420p(rgb, scratch).to_ndarray(), to_yuv420p(rgb).to_ndarray())

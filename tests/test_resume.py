@@ -96,8 +96,8 @@ def render_args(face: Path, audio: Path, out: str, *extra) -> tuple:
 
 
 def chunk_hashes(report: Path) -> list[tuple]:
-    """(start, end, frames_sha256, audio_sha256) of every published chunk in a JSON report."""
-    return [(c["start"], c["end"], c["frames_sha256"], c["audio_sha256"])
+    """(start, end, video_sha256, audio_sha256) of every published chunk in a JSON report."""
+    return [(c["start"], c["end"], c["video_sha256"], c["audio_sha256"])
             for c in json.loads(report.read_text())["chunks"]]
 
 

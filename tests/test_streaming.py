@@ -83,5 +83,5 @@ def test_offloaded_dit_renders_the_resident_frames(tmp_path, face_png):
         report = tmp_path / f"{policy}.json"
         render(RenderRequest(reference=face_png, audio=audio, output=tmp_path / f"{policy}.mp4", config=cfg,
                              report=report))
-        hashes[policy] = [c["frames_sha256"] for c in json.loads(report.read_text())["chunks"]]
+        hashes[policy] = [c["video_sha256"] for c in json.loads(report.read_text())["chunks"]]
     assert hashes["offloaded"] == hashes["resident"]

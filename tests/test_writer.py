@@ -394,3 +394,21 @@ def test_a_chunk_is_let_go_once_encoded_before_the_next_one_is_let_in(tmp_path: 
             assert [k for k, ref in alive.items() if ref() is not None and k < i] == [], f"after put {i}"
     gc.collect()
     assert all(ref() is None for ref in alive.values())
+
+
+def test_each_chunk_hashed_as_encoded(tmp_path: Path) -> None:
+    """``video_sha256(k)`` is the SHA-256 of the H.264 samples chunk k became in the file (the journal's record)."""
+    import hashlib
+
+    path, sizes = tmp_path / "out.mp4", [5, 6, 4]
+    writer = Mp4Writer(_spec(path))
+    for frames, audio in _chunks(sizes, Fraction(25), 16000, 1):
+        writer.put(frames, audio)
+    writer.close(faststart=False)
+    with av.open(str(path)) as c:
+        packets = [bytes(p) for p in c.demux(c.streams.video[0]) if p.size]
+    assert len(packets) == sum(sizes)
+    bounds = np.cumsum([0, *sizes])
+    want = [hashlib.sha256(b"".join(packets[a:b])).hexdigest() for a, b in zip(bounds[:-1], bounds[1:])]
+    assert [writer.video_sha256(k) for k in range(len(sizes))] == want
+    assert len(set(want)) == len(sizes)

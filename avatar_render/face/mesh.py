@@ -101,10 +101,17 @@ class FaceMesh:
         return self.at(LIPS_OUTER_UPPER + LIPS_OUTER_LOWER).mean(axis=0)
 
     def axes(self) -> tuple[np.ndarray, np.ndarray]:
-        """Unit vectors of the face: along the eye line (to the image's right) and down the face."""
-        ex = self.right_eye_centre - self.left_eye_centre
-        ex = ex / max(float(np.linalg.norm(ex)), 1e-6)
-        return ex.astype(np.float32), np.array([-ex[1], ex[0]], np.float32)
+        """Unit vectors of the face: along the eye line (to the image's right) and down the face (read-only:
+        worked out once, the points never change; the preview's drawing asks a dozen times a frame)."""
+        known = self.__dict__.get("_axes")
+        if known is None:
+            ex = self.right_eye_centre - self.left_eye_centre
+            ex = ex / max(float(np.linalg.norm(ex)), 1e-6)
+            known = (ex.astype(np.float32), np.array([-ex[1], ex[0]], np.float32))
+            for v in known:
+                v.flags.writeable = False
+            object.__setattr__(self, "_axes", known)  # (a frozen dataclass)
+        return known
 
     def mouth_width(self) -> float:
         """Corner to corner of the lips."""

@@ -85,9 +85,26 @@ _BT709 = np.array(
 _RGB_TO_YUV = np.hstack([_BT709 * np.array([[219], [224], [224]]) / 255, [[16], [128], [128]]]).astype(np.float32)
 
 
-def to_yuv420p(rgb: np.ndarray) -> av.VideoFrame:
+class YuvScratch:
+    """The conversion's intermediate pictures, reused from one frame to the next by the thread that owns them
+    (new ones each frame cost about as much as the conversion at 720p: their pages faulted in)."""
+
+    def __init__(self) -> None:
+        self.size: Optional[tuple[int, int]] = None
+        self.full = self.half = self.chroma = np.empty((0, 0, 3), np.uint8)
+
+    def for_size(self, h: int, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(h, w, 3), (h / 2, w / 2, 3) twice: uint8 buffers for the Y'CbCr picture, the halved RGB and its Y'CbCr."""
+        if self.size != (h, w):
+            self.size = (h, w)
+            self.full = np.empty((h, w, 3), np.uint8)
+            self.half, self.chroma = (np.empty((h // 2, w // 2, 3), np.uint8) for _ in range(2))
+        return self.full, self.half, self.chroma
+
+
+def to_yuv420p(rgb: np.ndarray, scratch: Optional[YuvScratch] = None) -> av.VideoFrame:
     """(H, W, 3) uint8 RGB, H and W even -> a yuv420p frame in BT.709 limited range, as the stream's colour
-    metadata says.
+    metadata says. ``scratch``: buffers of the calling thread to work in (fresh ones when None).
 
     OpenCV's SIMD matrix transform makes the full-resolution luma and, from the picture averaged over each
     2x2 block (the conversion is linear: this is the mean of the block's chroma), the chroma planes, written
@@ -95,12 +112,14 @@ def to_yuv420p(rgb: np.ndarray) -> av.VideoFrame:
     conversion (0.4 against 4 ms), at 1080p about as long (10 ms)."""
     h, w = rgb.shape[:2]
     assert h % 2 == 0 and w % 2 == 0, "4:2:0 needs even sides"
+    full, half, chroma = (scratch or YuvScratch()).for_size(h, w)
     frame = av.VideoFrame(w, h, "yuv420p")
-    chroma = cv2.transform(cv2.resize(rgb, (w // 2, h // 2), interpolation=cv2.INTER_AREA), _RGB_TO_YUV)
-    for plane, (full, channel) in zip(frame.planes, ((True, 0), (False, 1), (False, 2))):
+    cv2.resize(rgb, (w // 2, h // 2), dst=half, interpolation=cv2.INTER_AREA)
+    cv2.transform(half, _RGB_TO_YUV, dst=chroma)
+    cv2.transform(rgb, _RGB_TO_YUV, dst=full)
+    for plane, (src, channel) in zip(frame.planes, ((full, 0), (chroma, 1), (chroma, 2))):
         rows = np.frombuffer(plane, np.uint8).reshape(plane.height, plane.line_size)
         dst = rows[:, : plane.width]
-        src = cv2.transform(rgb, _RGB_TO_YUV) if full else chroma
         if dst.flags.c_contiguous:
             cv2.extractChannel(src, channel, dst=dst)
         else:  # (rows padded for alignment)
@@ -126,6 +145,7 @@ class ChunkEncoder:
         self._audio_skip = 0  # packets of a restarted AAC encoder that were sent out already
         self._history = _AudioHistory(spec.audio_channels, _HISTORY_SAMPLES)
         self._fresh = True  # the encoders have encoded nothing yet
+        self._scratch = YuvScratch()  # (encode runs on one thread at a time)
         self.tracks = Tracks(spec.width, spec.height, spec.fps, spec.audio_rate, spec.audio_channels,
                              spec.audio_bitrate, self._video.extradata, self._audio.extradata)
 
@@ -153,7 +173,7 @@ class ChunkEncoder:
         for i, rgb in enumerate(frames):
             if abort is not None and abort.is_set():
                 raise Aborted
-            frame = to_yuv420p(rgb)
+            frame = to_yuv420p(rgb, self._scratch)
             frame.pts = self.frames
             self.frames += 1
             if i == 0 and opens_gop:

@@ -30,6 +30,7 @@ that point: the resumed file is byte for byte the uninterrupted one.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import queue
@@ -138,6 +139,7 @@ class Mp4Writer:
         self._first_frame_on_disk: Optional[float] = None
         self._encode_seconds = 0.0
         self._sinks: list[Sink] = []
+        self._video_sha256: list[str] = []  # (writer thread) of each chunk encoded, in the order put
 
         self._file = None if spec.path is None else FileSink(spec,
                                                              resume=(start.bytes, start.sequence) if resume else None)
@@ -165,6 +167,11 @@ class Mp4Writer:
 
         self._thread = threading.Thread(target=self._run, name="mp4-writer", daemon=True)
         self._thread.start()
+
+    def video_sha256(self, chunk: int) -> str:
+        """SHA-256 of the H.264 samples (AVCC) the ``chunk``-th chunk put into this writer was encoded to:
+        known on the writer thread once the chunk is encoded (a ``mark`` callback after it), and after ``close``."""
+        return self._video_sha256[chunk]
 
     @property
     def frames_written(self) -> int:
@@ -292,9 +299,14 @@ class Mp4Writer:
                         break
                     else:
                         start = time.perf_counter()
-                        self._send(self._encoder.encode(item.frames, item.audio, opens_gop=item.opens_gop,
-                                                        abort=self._abort))
-                        item = None  # the chunk's frames freed (unless the caller still holds them) ...
+                        fragment = self._encoder.encode(item.frames, item.audio, opens_gop=item.opens_gop,
+                                                        abort=self._abort)
+                        digest = hashlib.sha256()
+                        for sample in fragment.video:
+                            digest.update(sample.data)
+                        self._video_sha256.append(digest.hexdigest())
+                        self._send(fragment)
+                        item = fragment = None  # the chunk's frames freed (unless the caller still holds them) ...
                         release_freed()  # ... and their pages returned, before the next chunk is let in
                         self._room.release()
                         self._encode_seconds += time.perf_counter() - start

@@ -1,6 +1,6 @@
 """The chunk loop of the writing process: from the writer's creation to the output moved into place.
 
-Each published chunk goes to the MP4 writer and is hashed beside the loop; each checkpoint is
+Each published chunk goes to the MP4 writer, which hashes what it encoded the chunk to; each checkpoint is
 committed to the journal by the writer thread once its frames are on disk. A stop request ends the
 loop at the next checkpoint; a failure keeps what was committed for ``--resume`` (or removes the
 partial output when nothing was)."""
@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial as bind
 from pathlib import Path
@@ -42,10 +41,10 @@ from avatar_render.pipeline.state import Checkpoint, Flat
 from avatar_render.pipeline.types import Published
 from avatar_render.telemetry import Telemetry, peak_gpu_mb, peak_rss_mb, write_report
 
-_HASHING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chunk-hash")  # the journal's frame hashes
 Point = tuple[Checkpoint, list[ChunkRecord]]  # where a resumed render goes on from, and the chunks before it
-# chunks published since the last checkpoint: record (being hashed), telemetry stamp
-Hashed = list[tuple[Future[ChunkRecord], dict]]
+# chunks published since the last checkpoint: their number in the writer, record (its video_sha256 not yet
+# known: the writer encodes the chunk after this), telemetry stamp
+Hashed = list[tuple[int, ChunkRecord, dict]]
 
 
 @dataclass
@@ -65,12 +64,6 @@ class _Tally:
         return _Tally(frames=prior.frames, samples=prior.audio_samples, chunks=prior.chunks, resumed=prior.frames)
 
 
-def _record(box: list[Published]) -> ChunkRecord:
-    """The record of the chunk in ``box``, taken out of it: the hashing lets go of the frames before its
-    future is done (the pool's work item would hold its arguments a moment longer)."""
-    return ChunkRecord.of(box.pop())
-
-
 class ChunkLoop:
     """Without an output (``request.output`` None: live only) there is no file and no journal: no
     resume points are marked, and nothing is left behind."""
@@ -88,7 +81,8 @@ class ChunkLoop:
         assert (journal is None) == (self.output is None), "a journal exactly when there is an output"
         self.t_ready = 0.0
         self.t_ready_monotonic = 0.0
-        self._hashing: Optional[Future[ChunkRecord]] = None  # the last chunk handed to the hashing
+        self._chunks_put = 0  # chunks given to this run's writer
+        self._writer: Optional[Mp4Writer] = None
 
     def run(self, point: Optional[Point], prior: Optional[Commit]) -> RenderReport:
         self.t_ready = self.telemetry.elapsed()
@@ -98,7 +92,7 @@ class ChunkLoop:
         tally = _Tally.after(prior)
         if self.should_stop():
             raise self._stopped(at_once=False)
-        writer = self._open_writer(point[0] if point else None, prior)
+        writer = self._writer = self._open_writer(point[0] if point else None, prior)
         try:
             uncommitted = self._generate(writer, point[0] if point else None, tally)
             stats = self._finish(writer, uncommitted)
@@ -165,14 +159,13 @@ class ChunkLoop:
                 raise self._stopped(at_once=False)
         return hashed
 
-    def _publish(self, writer: Mp4Writer, item: Published, tally: _Tally) -> tuple[Future[ChunkRecord], dict]:
+    def _publish(self, writer: Mp4Writer, item: Published, tally: _Tally) -> tuple[int, ChunkRecord, dict]:
         telemetry = self.telemetry
         with telemetry.stage("write"):
             writer.put(item.frames, item.audio)
         with telemetry.stage("journal"):
-            if self._hashing is not None:  # one chunk at a time: the hashing never holds a second chunk's frames
-                self._hashing.exception()
-            record = self._hashing = _HASHING.submit(_record, [item])  # beside the chunk loop and the writer
+            record = ChunkRecord.of(item, video_sha256="")  # (filled in once the writer has encoded it)
+        chunk, self._chunks_put = self._chunks_put, self._chunks_put + 1
         if tally.first_frame_s is None:
             tally.first_frame_s = telemetry.elapsed() - self.t_ready
         tally.frames, tally.samples, tally.chunks = item.end, tally.samples + item.audio.shape[1], tally.chunks + 1
@@ -184,7 +177,7 @@ class ChunkLoop:
         if self.live is not None:
             self.live.on_progress(progress,
                                   generated_fps=(tally.frames - tally.resumed) / max(progress.elapsed_s, 1e-9))
-        return record, telemetry.chunk_stamp()
+        return chunk, record, telemetry.chunk_stamp()
 
     def _total_seconds(self) -> Optional[float]:
         """The video's length in seconds as far as it is known (exact once the audio is read to its end)."""
@@ -202,18 +195,23 @@ class ChunkLoop:
 
     def _commit(self, flat: Flat, hashed: Hashed, position: WriterPosition, **counts: int) -> None:
         """On the writer thread, once the checkpoint's frames are on disk: record its chunks and commit it."""
-        records = [future.result() for future, _ in hashed]
-        for record, (_, stamp) in zip(records, hashed):
+        records = self._records(hashed)
+        for record, (_, _, stamp) in zip(records, hashed):
             self.telemetry.chunk_done(stamp=stamp, **dataclasses.asdict(record))
         self.journal.commit(flat, records, position, **counts)
+
+    def _records(self, hashed: Hashed) -> list[ChunkRecord]:
+        """The records of chunks the writer has encoded (on its thread, or once it is closed)."""
+        return [dataclasses.replace(record, video_sha256=self._writer.video_sha256(chunk))
+                for chunk, record, _ in hashed]
 
     def _finish(self, writer: Mp4Writer, uncommitted: Hashed) -> WriterStats:
         """The last fragments written, the file copied into a regular MP4 and moved into place;
         ``uncommitted``: the chunks after the last commit, recorded in the telemetry only."""
         with self.telemetry.stage("write"):
             stats = writer.close(faststart=False)
-        for future, stamp in uncommitted:
-            self.telemetry.chunk_done(stamp=stamp, **dataclasses.asdict(future.result()))
+        for record, (_, _, stamp) in zip(self._records(uncommitted), uncommitted):
+            self.telemetry.chunk_done(stamp=stamp, **dataclasses.asdict(record))
         if self.output is None:
             return stats
         with self.telemetry.stage("write"):

@@ -9,6 +9,8 @@ eyes' lid contours show the reference's eyes where the lids have not yet covered
 
 from __future__ import annotations
 
+import threading
+
 import cv2
 import numpy as np
 
@@ -19,6 +21,7 @@ from avatar_render.preview.rig import Bank, FaceRig, between, contour_t, face_co
 from avatar_render.preview.warp import Rect
 
 CUBIC_MAX_PX = 150_000  # heads up to this many pixels are resampled bicubically, larger ones bilinearly
+_SCRATCH = threading.local()  # the head maps' buffers (see _maps)
 
 
 def head_inverse(rig: FaceRig, p: np.ndarray) -> np.ndarray:
@@ -45,15 +48,16 @@ def render_frame(rig: FaceRig, p: np.ndarray, out: np.ndarray | None = None, *, 
             out[rect.slices] = rig.image[rect.slices]
         return out
     inv = head_inverse(rig, p)
+    hx, hy, mx, my = _maps(head.wx.shape, rect)
     # Head: source = x + weight * (inv(x) - x), the background still where the weight is 0.
-    mx = cv2.scaleAdd(head.wx, float(inv[0, 0] - 1), head.xs)
-    mx = cv2.scaleAdd(head.wy, float(inv[0, 1]), mx)
-    mx = cv2.scaleAdd(head.weight, float(inv[0, 2]), mx)
-    my = cv2.scaleAdd(head.wx, float(inv[1, 0]), head.ys)
-    my = cv2.scaleAdd(head.wy, float(inv[1, 1] - 1), my)
-    my = cv2.scaleAdd(head.weight, float(inv[1, 2]), my)
-    mx = cv2.resize(mx, (rect.w, rect.h), interpolation=cv2.INTER_LINEAR)
-    my = cv2.resize(my, (rect.w, rect.h), interpolation=cv2.INTER_LINEAR)
+    cv2.scaleAdd(head.wx, float(inv[0, 0] - 1), head.xs, dst=hx)
+    cv2.scaleAdd(head.wy, float(inv[0, 1]), hx, dst=hx)
+    cv2.scaleAdd(head.weight, float(inv[0, 2]), hx, dst=hx)
+    cv2.scaleAdd(head.wx, float(inv[1, 0]), head.ys, dst=hy)
+    cv2.scaleAdd(head.wy, float(inv[1, 1] - 1), hy, dst=hy)
+    cv2.scaleAdd(head.weight, float(inv[1, 2]), hy, dst=hy)
+    cv2.resize(hx, (rect.w, rect.h), dst=mx, interpolation=cv2.INTER_LINEAR)
+    cv2.resize(hy, (rect.w, rect.h), dst=my, interpolation=cv2.INTER_LINEAR)
     _edges(mx, my, rect, head, inv)
     fwd = cv2.invertAffineTransform(inv)
     mouth_moves = rig.mouth_bank is not None and (p[OPEN] != 0 or p[WIDTH] != 0)
@@ -72,6 +76,16 @@ def render_frame(rig: FaceRig, p: np.ndarray, out: np.ndarray | None = None, *, 
     if rig.eyes is not None and p[BLINK] > 0:
         _eye_gaps(out, rig, float(p[BLINK]), inv, fwd)
     return out
+
+
+def _maps(half: tuple[int, ...], rect: Rect) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's float32 buffers for the head's maps: x and y at half resolution (``half``), then over ``rect``.
+    Written afresh in every frame: new arrays each time cost more than the arithmetic (their pages faulted in)."""
+    key = (half, rect.h, rect.w)
+    if getattr(_SCRATCH, "key", None) != key:
+        _SCRATCH.key = key
+        _SCRATCH.maps = tuple(np.empty(shape, np.float32) for shape in (half, half, (rect.h, rect.w), (rect.h, rect.w)))
+    return _SCRATCH.maps
 
 
 def _edges(mx: np.ndarray, my: np.ndarray, rect: Rect, head, inv: np.ndarray) -> None:

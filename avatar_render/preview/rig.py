@@ -52,7 +52,7 @@ class Bank:
             if w <= 1e-6:
                 continue
             g = self.grids[idx]
-            out = cv2.multiply(g, (w, w, w, w)) if out is None else cv2.scaleAdd(g, w, out)
+            out = cv2.multiply(g, (w, w, w, w)) if out is None else cv2.scaleAdd(g, w, out, dst=out)  # (in place)
         return out if out is not None else np.zeros(self.grids.shape[-3:], np.float32)
 
 
