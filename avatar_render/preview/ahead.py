@@ -15,7 +15,9 @@ class _Ahead:
 
     def __init__(self, name: str, make: Callable[[], Any]) -> None:
         self._make, self._done, self._value = make, threading.Event(), None
-        threading.Thread(target=self._run, name=f"ahead-{name}", daemon=True).start()
+        # (not a daemon: a command that ends before taking it waits for it; a daemon thread still inside
+        # OpenCV or PocketSphinx when the interpreter ends aborts the process)
+        threading.Thread(target=self._run, name=f"ahead-{name}", daemon=False).start()
 
     def _run(self) -> None:
         try:
