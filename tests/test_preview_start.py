@@ -109,13 +109,22 @@ def test_the_recogniser_takes_the_decoder_made_early():
 
 def test_the_command_line_starts_the_early_work_before_the_render(monkeypatch, tmp_path):
     from avatar_render.cli import app
+    from avatar_render.errors import AvatarRenderError
 
     started = []
-    monkeypatch.setattr(early, "start", lambda cfg, ref: started.append((cfg.backend, ref)))
-    result = CliRunner().invoke(app, ["render", "--ref", str(FACE), "--audio", str(FACE.parent / "talk.wav"),
-                                              "-o", str(tmp_path / "x.mp4"), "--dry-run"])
-    assert result.exit_code == 0, result.output
-    assert started == [("preview", FACE)]
+
+    def start(cfg, ref) -> None:
+        started.append((cfg.backend, cfg.face.index, ref))
+        raise AvatarRenderError("Stopped where the early work starts.")
+
+    monkeypatch.setattr(early, "start", start)
+    args = ["render", "--ref", str(FACE), "--audio", str(FACE.parent / "talk.wav"), "-o", str(tmp_path / "x.mp4"),
+            "face.index=1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and "Stopped where the early work starts." in result.output
+    assert started == [("preview", 1, FACE)] and not list(tmp_path.iterdir())
+    assert CliRunner().invoke(app, [*args, "--dry-run"]).exit_code == 0  # a dry run: its plan looks itself
+    assert len(started) == 1
 
 
 def test_a_command_refused_before_its_set_up_ends_in_one_sentence_while_the_early_work_runs(tmp_path):

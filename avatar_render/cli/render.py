@@ -91,7 +91,8 @@ def render(
         cfg = read_config(out, config, given, seed=seed)
         if output is None and not live and serve is None:
             raise AvatarRenderError("Give an output file (-o), a live target (--live) or --serve.")
-        start_early(cfg, ref)  # (the backend's set-up work in a thread while the library is imported)
+        if not dry_run:  # (the backend's set-up work in threads while the library is imported)
+            start_early(cfg, ref)
         from avatar_render.api import LiveOptions, RenderRequest, RenderStopped, StopNow, StopSignals, stopping_notice
         from avatar_render.api import render as render_video
 
