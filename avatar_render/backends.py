@@ -35,6 +35,8 @@ class Backend:
     section: str  # the config section of its own settings, its frame rate (``<section>.fps``) among them
     lead_frames: int = 0  # frames N0 generates before its chunk_frames (the pipeline's ``ChunkSizes.lead_frames``)
     check_sizes: str = ""  # "module:function": (cfg) -> None, raising on chunk sizes it cannot take; "": any
+    early: str = ""  # "module:function": (cfg, reference path) -> None, set-up work started in a thread
+    #   before the rest of the package is imported (the command line calls it); "": none
     needs: str = ""  # what its code imports beyond the base install, named when it is missing; "": nothing
     weights: bool = False  # it runs networks with weights (``model.*``: size, device, steps, model.root)
     gpu: bool = False  # a job takes a GPU (the batch shares the visible GPUs out, one per process)
@@ -45,7 +47,7 @@ class Backend:
     #   live render starts with a short chunk (low latency)
 
     def load(self, attribute: str) -> Callable[..., Any]:
-        """The function ``attribute`` ("build", "checks", "check_sizes") names, imported now."""
+        """The function ``attribute`` ("build", "checks", "check_sizes", "early") names, imported now."""
         module, _, function = getattr(self, attribute).partition(":")
         try:
             return getattr(importlib.import_module(module), function)
@@ -98,7 +100,7 @@ def sr_mode(name: str) -> SRMode:
 
 PREVIEW = register(Backend(
     name="preview", build="avatar_render.preview.engine:build_preview", checks="avatar_render.preview.checks:checks",
-    section="preview", fps_free=True, rig=True, session_chunks=True))
+    section="preview", fps_free=True, rig=True, session_chunks=True, early="avatar_render.preview.early:start"))
 INFINITETALK = register(Backend(
     name="infinitetalk", build="avatar_render.infinitetalk.engine:build_infinitetalk",
     checks="avatar_render.infinitetalk.checks:checks", section="model",

@@ -191,7 +191,8 @@ class SessionConfig:
     realtime: str = "auto"  # run on the clock, idle face while no audio comes: auto (on for post:, rtmp:// and
     #   srt://, off for standard input) | on | off
     slack_s: float = 0.25  # real time: how long past its time the audio may come before silence takes its place
-    chunk_frames: int = 8  # real time, preview backend: frames per N chunk (the diffusion backend keeps its own)
+    chunk_frames: int = 6  # real time, preview backend: frames per N chunk (the diffusion backend keeps its own;
+    #   a frame waits for its chunk's earlier frames to play: docs/live.md, glass-to-glass p95 under 0.5 s)
     transition_frames: int = 0  # real time, preview backend: frames each I chunk regenerates (a seam waits for
     #   the next chunk: 0 keeps the latency down; docs/live.md)
 

@@ -22,12 +22,14 @@ import numpy as np
 import pytest
 
 from avatar_render.api import RenderRequest, render
-from avatar_render.config import load_config
+from avatar_render.config import SessionConfig, load_config
 from avatar_render.errors import AvatarRenderError
 from tests.live_util import FFMPEG, env, free_port, needs_ffmpeg, render_cmd, wait_listening
 
 RATE = 16000  # the sessions' raw PCM: s16le, 16 kHz, mono (an AAC rate: the output keeps it)
-REALTIME_CHUNKS = ("chunk.chunk_frames=8", "chunk.transition_frames=0")  # what a real-time session renders with
+# what a real-time session renders with (the session's defaults)
+REALTIME_CHUNKS = (f"chunk.chunk_frames={SessionConfig().chunk_frames}",
+                   f"chunk.transition_frames={SessionConfig().transition_frames}")
 
 
 def _pcm(seconds: float) -> np.ndarray:

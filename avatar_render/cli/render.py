@@ -83,9 +83,6 @@ def render(
     shown = progress_choice(progress if writer else "none", quiet=out.quiet, terminal=out.console.is_terminal)
 
     def run() -> None:
-        from avatar_render.api import LiveOptions, RenderRequest, RenderStopped, StopNow, StopSignals, stopping_notice
-        from avatar_render.api import render as render_video
-
         given = list(overrides or ())
         if live_gop is not None:  # the old name of the one keyframe knob
             out.warn(f"--live-gop is now the config key video.gop_seconds (2 s for a live render when unset): "
@@ -94,6 +91,11 @@ def render(
         cfg = read_config(out, config, given, seed=seed)
         if output is None and not live and serve is None:
             raise AvatarRenderError("Give an output file (-o), a live target (--live) or --serve.")
+        if not dry_run:  # (the backend's set-up work in threads while the library is imported)
+            start_early(cfg, ref)
+        from avatar_render.api import LiveOptions, RenderRequest, RenderStopped, StopNow, StopSignals, stopping_notice
+        from avatar_render.api import render as render_video
+
         options = LiveOptions(targets=tuple(live or ()), serve=serve, underrun=underrun, preroll_s=preroll,
                               buffer_s=live_buffer, retry_s=live_retry, linger_s=serve_linger)
         from avatar_render.io.audio_stream import is_stream
@@ -141,3 +143,11 @@ def _show_plan(out: Out, request, *, json_lines: bool) -> None:
         out.notice(f"{key + ':':13}{value}")
     out.notice("Dry run: nothing was written.")
 
+
+def start_early(cfg, ref: Path) -> None:
+    """What the backend's set-up can start before the library is imported (``Backend.early``)."""
+    from avatar_render.backends import backend
+
+    own = backend(cfg.backend)
+    if own.early:
+        own.load("early")(cfg, ref)

@@ -50,7 +50,7 @@ def session_request(request: RenderRequest) -> RenderRequest:
         chunk = dataclasses.replace(cfg.chunk, chunk_frames=cfg.session.chunk_frames,
                                     transition_frames=cfg.session.transition_frames, first_frames=0)
         request = dataclasses.replace(request, config=dataclasses.replace(cfg, chunk=chunk))
-    if realtime(request) and request.live.preroll_s is None:  # (its 8-frame chunks: the speech seen sooner)
+    if realtime(request) and request.live.preroll_s is None:  # (its short chunks: the speech seen sooner)
         request = dataclasses.replace(request, live=dataclasses.replace(request.live, preroll_s=SESSION_PREROLL_S))
     return request
 

@@ -26,6 +26,7 @@ from avatar_render.face.teeth import open_to_teeth
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment, StaticConditioning
+from avatar_render.preview import early
 from avatar_render.preview.dub import DubSource, dub_source, render_dub
 from avatar_render.preview.frames import FramePool
 from avatar_render.preview.motion import (
@@ -115,7 +116,8 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
         return (() if self.face_box else (self.detector,)) + ((self.landmarks,) if self.landmarks else ())
 
     def run(self, x: RequestInput, *, static: Any, carry: Any) -> tuple[PreviewStatic, None]:
-        layout, note = choose_face(x.reference, self.detector, self.face_box)
+        found = None if self.face_box else early.take_face(x.reference, self.detector.index)  # (looked for already?)
+        layout, note = found if found is not None else choose_face(x.reference, self.detector, self.face_box)
         detected = layout is not None and layout.detected
         focus = None if layout is None else (layout.face.x, layout.face.y, layout.face.w, layout.face.h)
         image, fit = fit_to_frame(x.reference, x.width, x.height, focus=focus)

@@ -16,6 +16,7 @@ import numpy as np
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.pipeline.module import Module
+from avatar_render.preview import ahead
 from avatar_render.preview.sphinx import SphinxDecoder
 
 RATE = 16_000  # the acoustic model's sample rate
@@ -60,6 +61,12 @@ def model_dir() -> Path | None:
     return Path(get_model_path("en-us"))
 
 
+def make_decoder(root: Path) -> SphinxDecoder:
+    """A decoder of the allphone search on the model folder ``root`` (``model_dir()``)."""
+    return SphinxDecoder(hmm=str(root / "en-us"), allphone=str(root / "en-us-phone.lm.bin"), samprate=RATE,
+                         loglevel="FATAL", **_SEARCH)
+
+
 class PhoneRecognizer(Module):
     name = "phone_recognizer"
 
@@ -80,13 +87,7 @@ class PhoneRecognizer(Module):
         missing = self.missing_files()
         if missing:
             raise AvatarRenderError(f"PocketSphinx's model file '{missing[0]}' is missing; reinstall pocketsphinx.")
-        self._decoder = SphinxDecoder(
-            hmm=str(root / "en-us"),
-            allphone=str(root / "en-us-phone.lm.bin"),
-            samprate=RATE,
-            loglevel="FATAL",
-            **_SEARCH,
-        )
+        self._decoder = ahead.take(ahead.PHONE_DECODER) or make_decoder(root)  # (preview.early may have made it)
 
     def recognize(self, audio: np.ndarray) -> tuple[Phone, ...]:
         """Phones of an (n,) float32 window at 16 kHz, in order, covering it."""

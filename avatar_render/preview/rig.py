@@ -5,7 +5,8 @@ the mouth interior's colours, and the soft head mask the head moves with.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
@@ -34,12 +35,42 @@ def _bracket(levels: tuple[float, ...], value: float) -> tuple[int, float]:
 
 
 @dataclass(frozen=True, eq=False)
+class Warps:
+    """The backward maps of a bank's grid nodes, each made when first asked for: a render's first chunk
+    needs a few of them, and the set-up was waiting for all of them (0.2 s of the time to the first frame)."""
+
+    vertices: np.ndarray  # (n, 2) float32 the reference's mesh
+    shapes: dict  # grid node (one index per axis) -> (n, 2) float32 the mesh moved to that node's amounts
+    triangles: np.ndarray  # (T, 3) int32 the triangles that move
+    rect: Rect
+    floor: np.ndarray | None = None  # (rect.w,) float32 where set, each column's rigid floor (``rigid.confine``)
+
+    def __call__(self, node: tuple[int, ...]) -> np.ndarray:
+        """(rect.h, rect.w, 2) float32 the displacements at ``node``."""
+        p = self.shapes[node]
+        if np.abs(p - self.vertices).max() > 1e-6:
+            grid = backward_map(self.vertices, p, self.triangles, self.rect)
+        else:
+            grid = np.zeros((self.rect.h, self.rect.w, 2), np.float32)
+        return grid if self.floor is None else confine(grid, self.rect, self.floor)
+
+
+@dataclass(frozen=True, eq=False)
 class Bank:
-    """Backward-map displacements precomputed on a grid of motion amounts, blended multilinearly."""
+    """Backward-map displacements on a grid of motion amounts, blended multilinearly; each node's map is
+    made the first time a blend needs it (the same values whichever thread or order asks)."""
 
     rect: Rect  # where the maps apply, output pixels
     axes: tuple[tuple[float, ...], ...]  # amounts along each axis of the grid
-    grids: np.ndarray  # (*[len(a) for a in axes], rect.h, rect.w, 2) float32
+    warps: Warps
+    _made: dict = field(default_factory=dict, repr=False)  # node -> (rect.h, rect.w, 2) float32
+
+    def grid(self, node: tuple[int, ...]) -> np.ndarray:
+        """(rect.h, rect.w, 2) float32 the displacements at a grid node (an index per axis)."""
+        made = self._made.get(node)
+        if made is None:  # (two threads may both make it: the same array, one of them kept)
+            made = self._made.setdefault(node, self.warps(node))
+        return made
 
     def blend(self, *values: float) -> np.ndarray:
         """(rect.h, rect.w, 2) float32 displacements at the given amounts (one per axis)."""
@@ -51,9 +82,13 @@ class Bank:
         for idx, w in corners:
             if w <= 1e-6:
                 continue
-            g = self.grids[idx]
+            g = self.grid(idx)
             out = cv2.multiply(g, (w, w, w, w)) if out is None else cv2.scaleAdd(g, w, out, dst=out)  # (in place)
-        return out if out is not None else np.zeros(self.grids.shape[-3:], np.float32)
+        return out if out is not None else np.zeros((self.rect.h, self.rect.w, 2), np.float32)
+
+    def confined(self, floor: np.ndarray) -> "Bank":
+        """This bank with every map limited by ``rigid.confine`` to the columns' rigid ``floor``."""
+        return Bank(rect=self.rect, axes=self.axes, warps=dataclasses.replace(self.warps, floor=floor))
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,7 +155,7 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     eye_bank = _bank(vertices, triangles, [BLINK_LEVELS], lambda b: eyes.moved(b), width, height)
     floor = rigid_floor(image, mesh, eye_bank.rect)  # spectacle frames, brows: a blink does not bend them
     if np.isfinite(floor).any():
-        eye_bank = Bank(rect=eye_bank.rect, axes=eye_bank.axes, grids=confine(eye_bank.grids, eye_bank.rect, floor))
+        eye_bank = eye_bank.confined(floor)
     head = _head_mask(mesh, width, height, include=mouth_bank.rect.union(eye_bank.rect))
     teeth = _teeth(image, mesh, mouth_bank.rect, skin=skin)
     return FaceRig(
@@ -199,11 +234,8 @@ def _bank(vertices, triangles, axes, moved, width: int, height: int) -> Bank:
         else vertices
     )
     rect = Rect.around(pts, width, height, margin=2.0)
-    grids = np.zeros(tuple(len(a) for a in axes) + (rect.h, rect.w, 2), np.float32)
-    for n, p in shapes.items():
-        if np.abs(p - vertices).max() > 1e-6:
-            grids[n] = backward_map(vertices, p, touched, rect)
-    return Bank(rect=rect, axes=tuple(tuple(a) for a in axes), grids=grids)
+    return Bank(rect=rect, axes=tuple(tuple(a) for a in axes),
+                warps=Warps(vertices=vertices, shapes=shapes, triangles=touched, rect=rect))
 
 
 def face_coords(xs: np.ndarray, ys: np.ndarray, mesh: fm.FaceMesh) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,53 @@
+"""The preview's slow set-up started from the command's first moments, while the rest of the package is
+still being imported: the reference's face looked for (OpenCV's cascades, 0.2-0.4 s) and PocketSphinx's
+decoder made (0.2-0.4 s), each in a thread (``preview.ahead``). Both let go of the interpreter, and both
+were on the path to the first frame. The set-up takes what was made: the face when the image it was found
+in is the image it renders, for the same ``face.index`` (else, and with a face box or after a failure,
+it looks again, as before); the decoder as it is (its settings are fixed). This module imports nothing
+heavy until its threads run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from avatar_render.preview import ahead
+
+
+def start(cfg: Any, reference: Path) -> None:
+    """Start looking for the face of the image ``reference`` as ``cfg`` asks for it (unless ``face.box``
+    places it) and making the phone recogniser's decoder (when ``preview.phones`` is on)."""
+    if not cfg.face.box:
+        index = cfg.face.index
+        ahead.begin(ahead.FACE, lambda: _find_face(Path(reference), index))
+    if cfg.preview.phones:
+        ahead.begin(ahead.PHONE_DECODER, _make_decoder)
+
+
+def take_face(image: Any, index: Optional[int]) -> Optional[tuple]:
+    """``face.detect.choose_face``'s answer for ``image`` (its face layout or None, and the note) when the
+    early search looked in the very same pixels for the same ``face.index``; else None."""
+    found = ahead.take(ahead.FACE)
+    if found is None or found[0] != index:
+        return None
+    import numpy as np
+
+    return found[2] if np.array_equal(found[1], image) else None
+
+
+def _find_face(reference: Path, index: Optional[int]) -> Optional[tuple]:
+    """(face.index, the image, choose_face's answer), or None for a video reference."""
+    from avatar_render.face.detect import FaceDetector, choose_face
+    from avatar_render.io.reference import VIDEO_SUFFIXES, load_reference
+
+    if reference.suffix.lower() in VIDEO_SUFFIXES:
+        return None  # (a video's first frame: the set-up reads it with the rest of the video)
+    image = load_reference(reference)
+    return index, image, choose_face(image, FaceDetector(index=index), None)
+
+
+def _make_decoder() -> Any:
+    from avatar_render.preview.phones import make_decoder, model_dir
+
+    root = model_dir()
+    return None if root is None else make_decoder(root)
