@@ -115,8 +115,7 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     "young man", quieter than the m itself); the rest is an HH, shaped by its neighbours. And
     the lips stay shut through the quiet right after a closure (``_held_shut``).
     """
-    frame = round(FRAME_S * RATE)
-    level = 10 * np.log10(np.mean(audio[: len(audio) // frame * frame].reshape(-1, frame) ** 2, axis=1) + 1e-12)
+    level = _levels(audio)
     out = []
     for p in phones:
         if p.label == "SIL":
@@ -140,6 +139,19 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
         else:
             named.append(p)
     return tuple(_held_shut(named, level))
+
+
+def lip_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, ...]:
+    """Phones whose stops are all named (aligned to the words spoken): each m, b or p shut over its last
+    CLOSURE_S and through the quiet after it, as in ``stop_closures``. audio: (n,) float32, the window."""
+    out = [q for p in phones for q in (_at_release(p) if p.label in LIPS else [p])]
+    return tuple(_held_shut(out, _levels(audio)))
+
+
+def _levels(audio: np.ndarray) -> np.ndarray:
+    """(n // 160,) dB of the window's 10-ms frames."""
+    frame = round(FRAME_S * RATE)
+    return 10 * np.log10(np.mean(audio[: len(audio) // frame * frame].reshape(-1, frame) ** 2, axis=1) + 1e-12)
 
 
 def _held_shut(phones: list[Phone], level: np.ndarray) -> list[Phone]:

@@ -1,0 +1,110 @@
+"""The preview with the words spoken given (preview.transcript): phones aligned to them, m/b/p closed."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from avatar_render.config import load_config
+from avatar_render.errors import AvatarRenderError
+from avatar_render.io.audio import AudioReader
+from avatar_render.io.reference import load_reference
+from avatar_render.job.setup import request_input
+from avatar_render.pipeline.schedule import ChunkPlan
+from avatar_render.pipeline.types import ChunkInput
+from avatar_render.preview.engine import SpeechContext, build_preview
+from avatar_render.preview.motion import CLOSURE_SATURATE
+from avatar_render.preview.phones import LIPS, RATE, Phone, model_dir
+from avatar_render.preview.script import Script, read_transcript, words_of
+
+ROOT = Path(__file__).resolve().parents[1]
+FACE = ROOT / "examples" / "face.png"
+TALK = ROOT / "examples" / "talk.wav"
+needs_sphinx = pytest.mark.skipif(model_dir() is None, reason="pocketsphinx is not installed")
+
+
+def talk_text() -> str:
+    sys.path.insert(0, str(ROOT / "scripts" / "fixtures"))
+    try:
+        from make_examples import TEXT  # the words of examples/talk.wav
+    finally:
+        sys.path.pop(0)
+    return TEXT
+
+
+def test_a_scripts_window_is_clipped_to_it_and_its_gaps_are_pauses():
+    script = Script((Phone("M", 1.0, 1.125), Phone("AA", 1.125, 1.5), Phone("P", 2.0, 2.25)))
+    assert script.window(1.0625, 2.0625) == (Phone("M", 0.0, 0.0625), Phone("AA", 0.0625, 0.4375),
+                                             Phone("SIL", 0.4375, 0.9375), Phone("P", 0.9375, 1.0))
+    assert script.window(3.0, 4.0) == (Phone("SIL", 0.0, 1.0),)
+    first = script.window(0.5, 1.2)
+    assert first[0] == Phone("SIL", 0.0, 0.5) and first[1].label == "M"
+
+
+def test_the_words_of_a_transcript_by_sentence():
+    assert words_of("Good morning, Bill! It's nine o'clock.\nTwenty-two\n\n") == [
+        ["good", "morning", "bill"], ["it's", "nine", "o'clock"], ["twenty", "two"]]
+
+
+def test_a_missing_or_empty_transcript_is_one_sentence(tmp_path):
+    with pytest.raises(AvatarRenderError, match="was not found"):
+        read_transcript(tmp_path / "none.txt")
+    (tmp_path / "empty.txt").write_text(" ... \n")
+    with pytest.raises(AvatarRenderError, match="has no words"):
+        build_preview(load_config(None, (f"preview.transcript={tmp_path / 'empty.txt'}",)))
+
+
+def whole_file_targets(static, context: SpeechContext) -> np.ndarray:
+    """The mouth targets of talk.wav heard as one N chunk, from its frame 0: (frames, 2)."""
+    with AudioReader(TALK, fps=Fraction(25), model_rate=RATE) as reader:
+        reader.probe(10**6)
+        n = reader.total_frames
+        window = reader.model_audio(0, n, pad_s=0.32)
+    plan = ChunkPlan("N", 0, 0, n, 0, n, (0, 0), (), (), True)
+    x = ChunkInput(plan=plan, fps=Fraction(25), audio=window, audio_rate=RATE, audio_pad_s=0.32, anchors=(), seed=0)
+    features, _ = context.run(x, static=static, carry=None)
+    return features.targets[-features.first :]
+
+
+@needs_sphinx
+def test_the_transcripts_m_b_p_close_the_lips_where_the_recogniser_hears_other_sounds(tmp_path):
+    """Every m, b and p of the words is a closure in the mouth's targets (the lips pressed together at its
+    middle); the phone recogniser alone, on the same audio, leaves some of them open (it hears k, t or g)."""
+    text = tmp_path / "talk.txt"
+    text.write_text(talk_text())
+    cfg = load_config(None, ("video.width=64", "video.height=64", f"preview.transcript={text}"))
+    pipe = build_preview(cfg)
+    static = pipe.prepare(request_input(cfg, load_reference(FACE), FACE, audio=TALK))
+    assert static.script is not None and static.notes == ()
+    lips = [p for p in static.script.phones if p.label in LIPS]
+    assert len(lips) >= 12  # morning, welcome, library, open, ... please, pleasant
+    context = next(s for s in pipe.generate if isinstance(s, SpeechContext))
+    with_words = whole_file_targets(static, context)
+    heard = whole_file_targets(dataclasses.replace(static, script=None), context)
+    at = [min(round((p.start + p.end) / 2 * 25), len(with_words) - 2) for p in lips]
+
+    def closed(targets: np.ndarray, f: int) -> bool:  # within a frame of the middle, the motion's full closure
+        return targets[f - 1 : f + 2, 0].min() <= -1 / CLOSURE_SATURATE
+
+    assert all(closed(with_words, f) for f in at), [float(with_words[f - 1 : f + 2, 0].min()) for f in at]
+    assert sum(closed(heard, f) for f in at) < len(at)  # (the p of "please")
+
+
+@needs_sphinx
+def test_unknown_words_or_a_stream_fall_back_to_the_phones_heard_with_one_line(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("Buenos dias, qué tal. Good morning.")
+    cfg = load_config(None, ("video.width=64", "video.height=64", f"preview.transcript={text}"))
+    static = build_preview(cfg).prepare(request_input(cfg, load_reference(FACE), FACE, audio=TALK))
+    assert static.script is None and len(static.notes) == 1
+    assert "'qué'" in static.notes[0] and "phones heard" in static.notes[0]
+    static = build_preview(cfg).prepare(request_input(cfg, load_reference(FACE), FACE))  # (no audio file: a stream)
+    assert static.script is None and len(static.notes) == 1 and "stream" in static.notes[0]
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 3)  # not what talk.wav says
+    static = build_preview(cfg).prepare(request_input(cfg, load_reference(FACE), FACE, audio=TALK))
+    assert static.script is None and "could not be aligned" in static.notes[0]
