@@ -20,7 +20,7 @@ from avatar_render.pipeline.types import ChunkInput
 from avatar_render.preview.engine import SpeechContext, build_preview
 from avatar_render.preview.motion import CLOSURE_SATURATE
 from avatar_render.preview.phones import LIPS, RATE, Phone, model_dir
-from avatar_render.preview.script import Script, read_transcript, words_of
+from avatar_render.preview.script import Script, _share, read_transcript, words_of
 
 ROOT = Path(__file__).resolve().parents[1]
 FACE = ROOT / "examples" / "face.png"
@@ -46,9 +46,19 @@ def test_a_scripts_window_is_clipped_to_it_and_its_gaps_are_pauses():
     assert first[0] == Phone("SIL", 0.0, 0.5) and first[1].label == "M"
 
 
-def test_the_words_of_a_transcript_by_sentence():
-    assert words_of("Good morning, Bill! It's nine o'clock.\nTwenty-two\n\n") == [
-        ["good", "morning", "bill"], ["it's", "nine", "o'clock"], ["twenty", "two"]]
+def test_the_words_of_a_transcript_and_the_marks_after_them():
+    assert words_of("Good morning, Bill! It's nine o'clock.\nTwenty-two 'quoted'\n\n") == [
+        ("good", False), ("morning", True), ("bill", True), ("it's", False), ("nine", False), ("o'clock", True),
+        ("twenty", False), ("two", False), ("quoted", True)]
+
+
+def test_each_stretch_of_speech_takes_the_words_that_fill_it():
+    """Three stretches of 1, 2 and 1 s; words of 4 phones at 4 phones a second: one, two and one word; the
+    mark after a word moves a boundary to it when the durations leave a choice."""
+    assert _share([(0, 100), (150, 350), (400, 500)], np.full(4, 4.0), np.zeros(4, bool)) == [(0, 1), (1, 3), (3, 4)]
+    counts = np.array([4.0, 4.0, 4.0, 4.0, 4.0, 4.0])
+    assert _share([(0, 150), (200, 350)], counts, np.zeros(6, bool)) == [(0, 3), (3, 6)]
+    assert _share([(0, 150), (200, 350)], counts, np.array([0, 1, 0, 0, 0, 1], bool)) == [(0, 2), (2, 6)]
 
 
 def test_a_missing_or_empty_transcript_is_one_sentence(tmp_path):
