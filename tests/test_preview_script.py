@@ -6,6 +6,7 @@ import dataclasses
 import sys
 from fractions import Fraction
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -118,3 +119,20 @@ def test_unknown_words_or_a_stream_fall_back_to_the_phones_heard_with_one_line(t
     text.write_text("The quick brown fox jumps over the lazy dog. " * 3)  # not what talk.wav says
     static = build_preview(cfg).prepare(request_input(cfg, load_reference(FACE), FACE, audio=TALK))
     assert static.script is None and "could not be aligned" in static.notes[0]
+
+
+def test_a_render_started_with_other_words_is_not_resumed(tmp_path):
+    """The journal records the transcript's content (as the reference's and the audio's): a resume after the
+    words were edited would mix two scripts' mouths, and is refused."""
+    from avatar_render.job.journal import Journal, identity
+
+    words = tmp_path / "words.txt"
+    words.write_text("Good morning, and welcome.")
+    config = {"preview": {"transcript": str(words)}}
+    started = SimpleNamespace(meta={"identity": identity(config, FACE, TALK)})
+    assert Journal.mismatch(started, identity(config, FACE, TALK)) is None
+    words.write_text("Good evening, and welcome.")
+    assert Journal.mismatch(started, identity(config, FACE, TALK)) == (
+        "the transcript 'words.txt' is not the file it was started with")
+    plain = SimpleNamespace(meta={"identity": identity({"preview": {"transcript": None}}, FACE, TALK)})
+    assert Journal.mismatch(plain, identity({"preview": {"transcript": None}}, FACE, TALK)) is None
