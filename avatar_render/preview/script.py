@@ -70,6 +70,8 @@ def read_transcript(path: str | Path) -> str:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise AvatarRenderError(f"The transcript file '{p}' was not found (preview.transcript).") from None
+    except IsADirectoryError:
+        raise AvatarRenderError(f"The transcript '{p}' is a folder, not a text file (preview.transcript).") from None
     except (OSError, UnicodeDecodeError) as e:
         raise AvatarRenderError(f"The transcript file '{p}' could not be read as UTF-8 text ({e}).") from None
     if not words_of(text):
