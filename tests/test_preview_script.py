@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import wave
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ from avatar_render.io.reference import load_reference
 from avatar_render.job.setup import request_input
 from avatar_render.pipeline.schedule import ChunkPlan
 from avatar_render.pipeline.types import ChunkInput
+from avatar_render.preview import script as script_module
 from avatar_render.preview.engine import SpeechContext, build_preview
 from avatar_render.preview.motion import CLOSURE_SATURATE
 from avatar_render.preview.phones import LIPS, RATE, Phone, model_dir
@@ -92,10 +94,10 @@ def test_the_transcripts_m_b_p_close_the_lips_where_the_recogniser_hears_other_s
     pipe = build_preview(cfg)
     static = pipe.prepare(request_input(cfg, load_reference(FACE), FACE, audio=TALK))
     assert static.script is not None and static.notes == ()
+    context = next(s for s in pipe.generate if isinstance(s, SpeechContext))
+    with_words = whole_file_targets(static, context)  # (aligns the stretches the set-up left)
     lips = [p for p in static.script.phones if p.label in LIPS]
     assert len(lips) >= 12  # morning, welcome, library, open, ... please, pleasant
-    context = next(s for s in pipe.generate if isinstance(s, SpeechContext))
-    with_words = whole_file_targets(static, context)
     heard = whole_file_targets(dataclasses.replace(static, script=None), context)
     at = [min(round((p.start + p.end) / 2 * 25), len(with_words) - 2) for p in lips]
 
@@ -136,3 +138,35 @@ def test_a_render_started_with_other_words_is_not_resumed(tmp_path):
         "the transcript 'words.txt' is not the file it was started with")
     plain = SimpleNamespace(meta={"identity": identity({"preview": {"transcript": None}}, FACE, TALK)})
     assert Journal.mismatch(plain, identity({"preview": {"transcript": None}}, FACE, TALK)) is None
+
+
+@needs_sphinx
+def test_the_set_up_aligns_the_first_stretch_and_the_chunks_the_rest_as_they_reach_them(tmp_path, monkeypatch):
+    """A long recording's words are not all aligned before its first frame: the set-up aligns the first stretch
+    of speech, each chunk's window what it reaches; the phones are those of the whole file aligned at once."""
+    audio, text = tmp_path / "long.wav", tmp_path / "long.txt"
+    with wave.open(str(TALK)) as w:
+        params, data = w.getparams(), w.readframes(w.getnframes())
+    with wave.open(str(audio), "wb") as w:
+        w.setparams(params)
+        w.writeframes(data * 2)
+    text.write_text((talk_text() + "\n") * 2)
+    aligned = []
+    real = script_module._aligned_phones
+    monkeypatch.setattr(script_module, "_aligned_phones", lambda *a: aligned.append(a[2]) or real(*a))
+    cfg = load_config(None, ("video.width=64", "video.height=64", f"preview.transcript={text}"))
+    pipe = build_preview(cfg)
+
+    def prepared():
+        static = pipe.prepare(request_input(cfg, load_reference(FACE), FACE, audio=audio))
+        assert static.script is not None and static.notes == ()
+        return static.script
+
+    script = prepared()
+    assert len(aligned) == 1 and script.stretches_aligned == 1  # (talk.wav alone has some 10 stretches)
+    starts = np.arange(0.0, 4.0, 2.0)
+    chunks = [script.window(t - 0.32, t + 2.32) for t in starts]
+    assert 1 < script.stretches_aligned < 6
+    whole = prepared()
+    assert whole.window(0.0, 1e9) is not None and whole.stretches_aligned > 15
+    assert chunks == [whole.window(t - 0.32, t + 2.32) for t in starts]

@@ -24,7 +24,6 @@ from avatar_render.face.landmarks import GET_MODEL, LandmarkModel, find_model
 from avatar_render.face.layout import fallback_layout
 from avatar_render.face.mesh import FaceMesh, template_mesh
 from avatar_render.face.teeth import open_to_teeth
-from avatar_render.io.audio import AudioReader
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 from avatar_render.pipeline.stage import Stage
 from avatar_render.pipeline.types import ChunkInput, Frames, Generated, RequestInput, Segment, StaticConditioning
@@ -148,10 +147,7 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
             return None, "A transcript is aligned with an audio file, not a stream: the mouth follows the phones heard."
         if model_dir() is None:
             return None, "A transcript needs PocketSphinx (pip install pocketsphinx): the mouth follows the loudness."
-        with AudioReader(audio, fps=Fraction(25), model_rate=SPEECH_RATE) as reader:
-            reader.probe(10**12)
-            samples = reader.model_audio(0, reader.total_frames)
-        return align_script(samples, self.transcript)
+        return align_script(audio, self.transcript)  # (the first stretch aligned; the others as chunks reach them)
 
 
 class SpeechContext(Stage[ChunkInput, SpeechFeatures]):
@@ -179,11 +175,10 @@ class SpeechContext(Stage[ChunkInput, SpeechFeatures]):
             return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=None), None
         if self.recognizer is None:
             return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=loudness_targets(energy)), None
-        if static.script is not None:  # the words spoken, aligned: the window's phones from them
-            start = plan.start / float(fps) - x.audio_pad_s
-            phones = lip_closures(static.script.window(start, start + len(x.audio) / x.audio_rate), x.audio)
-        else:
-            phones = self.recognizer.recognize(x.audio)
+        start = plan.start / float(fps) - x.audio_pad_s
+        # the words spoken, aligned (here, a stretch at a time, as the chunks reach it): the window's phones from them
+        script = None if static.script is None else static.script.window(start, start + len(x.audio) / x.audio_rate)
+        phones = self.recognizer.recognize(x.audio) if script is None else lip_closures(script, x.audio)
         times = (np.arange(m) - margin + 0.5) / float(fps) + x.audio_pad_s  # seconds into the window
         return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=mouth_targets(phones, times)), None
 

@@ -115,7 +115,7 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     "young man", quieter than the m itself); the rest is an HH, shaped by its neighbours. And
     the lips stay shut through the quiet right after a closure (``_held_shut``).
     """
-    level = _levels(audio)
+    level = frame_levels(audio)
     out = []
     for p in phones:
         if p.label == "SIL":
@@ -145,10 +145,10 @@ def lip_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, .
     """Phones whose stops are all named (aligned to the words spoken): each m, b or p shut over its last
     CLOSURE_S and through the quiet after it, as in ``stop_closures``. audio: (n,) float32, the window."""
     out = [q for p in phones for q in (_at_release(p) if p.label in LIPS else [p])]
-    return tuple(_held_shut(out, _levels(audio)))
+    return tuple(_held_shut(out, frame_levels(audio)))
 
 
-def _levels(audio: np.ndarray) -> np.ndarray:
+def frame_levels(audio: np.ndarray) -> np.ndarray:
     """(n // 160,) dB of the window's 10-ms frames."""
     frame = round(FRAME_S * RATE)
     return 10 * np.log10(np.mean(audio[: len(audio) // frame * frame].reshape(-1, frame) ** 2, axis=1) + 1e-12)
