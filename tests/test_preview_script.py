@@ -170,3 +170,29 @@ def test_the_set_up_aligns_the_first_stretch_and_the_chunks_the_rest_as_they_rea
     whole = prepared()
     assert whole.window(0.0, 1e9) is not None and whole.stretches_aligned > 15
     assert chunks == [whole.window(t - 0.32, t + 2.32) for t in starts]
+
+
+@needs_sphinx
+def test_a_later_stretch_that_does_not_align_hands_the_rest_to_the_recogniser(tmp_path, monkeypatch):
+    text = tmp_path / "talk.txt"
+    text.write_text(talk_text())
+    real = script_module._aligned_phones
+    texts: list[str] = []  # the words of each stretch asked for (a stretch is tried with several settings)
+
+    def third_fails(decoder, pcm, words):
+        texts.extend([words] if words not in texts else [])
+        return None if texts.index(words) == 2 else real(decoder, pcm, words)
+
+    monkeypatch.setattr(script_module, "_aligned_phones", third_fails)
+    cfg = load_config(None, ("video.width=64", "video.height=64", f"preview.transcript={text}"))
+    pipe = build_preview(cfg)
+    static = pipe.prepare(request_input(cfg, load_reference(FACE), FACE, audio=TALK))
+    script = static.script
+    assert script is not None and script.window(-0.32, 0.5) is not None
+    spans = script._aligner.spans  # [first, end) 10-ms frames of each stretch
+    lost = spans[2][0] * 0.01
+    assert script.window(lost - 1.0, lost) is not None  # (ends before the third stretch: its phones)
+    assert script.window(lost - 1.0, lost + 0.5) is None and script.window(lost + 1.0, lost + 2.0) is None
+    context = next(s for s in pipe.generate if isinstance(s, SpeechContext))
+    heard = whole_file_targets(dataclasses.replace(static, script=None), context)
+    assert np.array_equal(whole_file_targets(static, context), heard)  # (the window reaches the third stretch)
