@@ -170,6 +170,9 @@ def test_the_set_up_aligns_the_first_stretch_and_the_chunks_the_rest_as_they_rea
     whole = prepared()
     assert whole.window(0.0, 1e9) is not None and whole.stretches_aligned > 15
     assert chunks == [whole.window(t - 0.32, t + 2.32) for t in starts]
+    resumed = prepared()  # a render resumed at 30 s: its first window's stretches only, then on from there
+    assert resumed.window(29.68, 32.32) == whole.window(29.68, 32.32) and resumed.stretches_aligned < 5
+    assert resumed.window(31.68, 34.32) == whole.window(31.68, 34.32)
 
 
 @needs_sphinx

@@ -65,13 +65,13 @@ class Script:
     @property
     def stretches_aligned(self) -> int:
         """How many stretches of speech have been aligned so far."""
-        return 0 if self._aligner is None else self._aligner.done
+        return 0 if self._aligner is None else self._aligner.aligned
 
     def window(self, start: float, end: float) -> tuple[Phone, ...] | None:
         """The phones over [start, end) seconds, relative to ``start``, clipped to it; gaps between them SIL.
         None when the words stopped fitting the audio before ``end`` (a stretch that did not align)."""
         with self._lock:
-            if self._aligner is not None and self._aligner.reach(end, self._add) is not None:
+            if self._aligner is not None and self._aligner.reach(start, end, self._add) is not None:
                 return None
             out: list[Phone] = []
             at = 0.0
@@ -173,18 +173,23 @@ class _Aligner:
 
     def __init__(self, audio: Path, spans: list[tuple[int, int, str]], decoder) -> None:
         self.spans = spans
-        self.done = 0  # stretches aligned
+        self.done = 0  # stretches aligned or passed over
+        self.aligned = 0
         self.lost: float | None = None  # where (seconds) the words stopped fitting the audio
         self._decoders = [decoder]  # the next of _TRIES made only when one is needed
         self._audio = audio
         self._reader: AudioReader | None = None
         self._score, self._frames = 0.0, 0
 
-    def reach(self, end: float, add) -> float | None:
-        """Aligns every stretch that starts before ``end`` seconds, handing their phones to ``add``; returns
-        where the words stopped fitting the audio, when that is before ``end``."""
+    def reach(self, start: float, end: float, add) -> float | None:
+        """Aligns every stretch that starts before ``end`` seconds, handing their phones to ``add``, but those
+        that end before ``start`` (a resumed render's first window: the chunks before it are not made again);
+        returns where the words stopped fitting the audio, when that is before ``end``."""
         while self.lost is None and self.done < len(self.spans) and self.spans[self.done][0] * FRAME_S < end:
             first, last, text = self.spans[self.done]
+            if last * FRAME_S <= start:  # (each stretch has its own words: no need to align those before)
+                self.done += 1
+                continue
             got = self._align(first, last, text)
             if got is not None:
                 self._score, self._frames = self._score + sum(q[3] for q in got), self._frames + last - first
@@ -193,7 +198,7 @@ class _Aligner:
                 self.close()
                 break
             add([Phone(label, (first + x) * FRAME_S, (first + y) * FRAME_S) for label, x, y, _ in got])
-            self.done += 1
+            self.done, self.aligned = self.done + 1, self.aligned + 1
         if self.done == len(self.spans):
             self.close()
         return self.lost if self.lost is not None and self.lost < end else None
