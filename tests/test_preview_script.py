@@ -199,3 +199,39 @@ def test_a_later_stretch_that_does_not_align_hands_the_rest_to_the_recogniser(tm
     context = next(s for s in pipe.generate if isinstance(s, SpeechContext))
     heard = whole_file_targets(dataclasses.replace(static, script=None), context)
     assert np.array_equal(whole_file_targets(static, context), heard)  # (the window reaches the third stretch)
+
+
+@needs_sphinx
+@pytest.mark.slow
+def test_a_render_with_the_words_stopped_and_resumed_is_the_uninterrupted_one(tmp_path, monkeypatch):
+    """The resumed run aligns the first stretch, then from its first window on (not the stretches before):
+    its file is the uninterrupted render's, byte for byte."""
+    from avatar_render.api import RenderRequest, render
+    from avatar_render.job.stop import RenderStopped
+
+    text = tmp_path / "talk.txt"
+    text.write_text(talk_text())
+    cfg = load_config(None, ("video.width=64", "video.height=64", f"preview.transcript={text}"))
+
+    def run(name: str, should_stop=None, **kw):
+        return render(RenderRequest(reference=FACE, audio=TALK, output=tmp_path / name, config=cfg, **kw),
+                      should_stop=should_stop, on_message=lambda level, text: None)
+
+    aligned: list[str] = []  # the words of each stretch aligned (several times where one setting fails)
+    real = script_module._aligned_phones
+    monkeypatch.setattr(script_module, "_aligned_phones", lambda *a: aligned.append(a[2]) or real(*a))
+    run("whole.mp4")
+    whole, aligned[:] = set(aligned), []
+    calls = [0]
+
+    def after_chunks() -> bool:  # asked once before the loop, then after every chunk-plan entry
+        calls[0] += 1
+        return calls[0] > 4
+
+    with pytest.raises(RenderStopped):
+        run("b.mp4", should_stop=after_chunks)
+    aligned[:] = []
+    report = run("b.mp4", resume=True)
+    assert report.resumed_frames > 0
+    assert (tmp_path / "b.mp4").read_bytes() == (tmp_path / "whole.mp4").read_bytes()
+    assert set(aligned) < whole  # (the stretches wholly before the resumed run's first window are not aligned)
