@@ -100,6 +100,7 @@ class PreviewConfig:
     lip_shape: float = 1.0  # how far the lips round (oo) and spread (ee); 0 = never
     blink_interval_s: float = 4.0  # mean time between blinks; 0 = never blink
     head_motion: float = 1.0  # amplitude of head sway and of the nods on emphasis; 0 = still
+    transcript: Optional[str] = None  # a UTF-8 text file of the words spoken (English): phones aligned to them
 
 
 @dataclass(frozen=True)

@@ -395,6 +395,10 @@ CASES = {
         "Config key 'preview.mouth_gain' must be between 0 and 2", args=("preview.mouth_gain=1e300",)),
     "override: blink interval inf": Case("Config key 'preview.blink_interval_s' must be a finite number, not inf",
                                          args=("preview.blink_interval_s=inf",)),
+    "override: transcript missing": Case("The transcript file '{d}/missing.txt' was not found",
+                                         args=("preview.transcript={d}/missing.txt",)),
+    "override: transcript a folder": Case("The transcript '{d}/folder' is a folder, not a text file",
+                                          args=("preview.transcript={d}/folder",)),
     "override: fps nan": Case("Config key 'preview.fps' must be a finite number, not nan", args=("preview.fps=nan",)),
     "override: zero chunk": Case("Config key 'chunk.chunk_frames' must be at least 1", args=("chunk.chunk_frames=0",)),
     "override: unknown backend": Case(

@@ -17,6 +17,10 @@ from avatar_render.face import mesh as fm
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 CHEEKS = (50, 101, 118, 205, 280, 330, 347, 425)  # landmarks on the cheeks, for the skin's brightness
 MIN_SHARE = 0.1  # teeth must cover this much of the searched region (closed mouths: none)
+# The lips are opened this far (mouth widths) beyond the teeth found: the teeth's darker edges (by the gums, in
+# the lips' shadow) are not found, and lips pressed shut must cover them (at 1 px, a line of them stayed between
+# the shut lips: obama's silence/speech 0.13-0.15; at 0.035, 0.05 and 0.07: 0.096-0.103, 0.072-0.080, 0.031-0.037)
+OVER = 0.07
 
 
 def teeth_patch(image: np.ndarray, mesh: fm.FaceMesh) -> np.ndarray | None:
@@ -70,13 +74,14 @@ def open_to_teeth(image: np.ndarray, mesh: fm.FaceMesh) -> fm.FaceMesh:
     up_shift = np.zeros(len(upper_in), np.float32)
     low_shift = np.zeros(len(lower_in), np.float32)
     half = max(1.0, 0.03 * mesh.mouth_width())
+    over = max(1.0, OVER * mesh.mouth_width())
     for k in range(1, len(upper_in) - 1):
         col = np.abs(s - ps[upper_in[k]]) <= half
         if col.sum() < 2:
             continue
         top, bottom = np.quantile(t[col], [0.05, 0.95])  # (a highlight on a lip joined to the teeth: left out)
-        up_shift[k] = min(float(top) - 1.0 - pt[upper_in[k]], 0.0)  # (a pixel over their edges: lips shut cover them)
-        low_shift[k] = max(float(bottom) + 1.0 - pt[lower_in[k]], 0.0)
+        up_shift[k] = min(float(top) - over - pt[upper_in[k]], 0.0)
+        low_shift[k] = max(float(bottom) + over - pt[lower_in[k]], 0.0)
     # (and one point's reach beyond both its neighbours' taken back to the larger of theirs)
     for shift in (up_shift, low_shift):
         inner = shift[1:-1].copy()

@@ -114,8 +114,12 @@ def identity(config: dict[str, Any], reference: Path, audio: Path | str) -> dict
         version = metadata.version("avatar-render")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    return {"version": version, "config": config, "reference": fingerprint(Path(reference)),
-            "audio": {"stream": str(audio), "open_duration": True} if isinstance(audio, str) else fingerprint(audio)}
+    out = {"version": version, "config": config, "reference": fingerprint(Path(reference)),
+           "audio": {"stream": str(audio), "open_duration": True} if isinstance(audio, str) else fingerprint(audio)}
+    transcript = (config.get("preview") or {}).get("transcript")  # (the words the mouth follows, when given)
+    if transcript:
+        out["transcript"] = fingerprint(Path(transcript))
+    return out
 
 
 def snapshot(checkpoint: Checkpoint) -> Flat:
@@ -197,10 +201,10 @@ class Journal:
         old = (self.meta or {}).get("identity", {})
         if old.get("version") != ident["version"]:
             return f"it was started by avatar-render {old.get('version')} and this is {ident['version']}"
-        for key in ("reference", "audio"):  # the content counts, not the name
-            before, now = old.get(key) or {}, ident[key]
-            if (before.get("size"), before.get("sha256")) != (now["size"], now["sha256"]):
-                return f"the {key} '{now['name']}' is not the file it was started with"
+        for key in ("reference", "audio", "transcript"):  # the content counts, not the name
+            before, now = old.get(key) or {}, ident.get(key) or {}
+            if (before.get("size"), before.get("sha256")) != (now.get("size"), now.get("sha256")):
+                return f"the {key} '{now.get('name', before.get('name'))}' is not the file it was started with"
         for key, before, now in _differences(old.get("config", {}), ident["config"]):
             if key not in NEUTRAL_KEYS:
                 return f"the config key {shown(key)} was {before!r} and is now {now!r}"

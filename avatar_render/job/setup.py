@@ -30,10 +30,12 @@ def build_pipeline(cfg: Config, mesh: Mesh) -> Pipeline:
     return backend(cfg.backend).load("build")(cfg, mesh)
 
 
-def request_input(cfg: Config, reference: np.ndarray, reference_path: Path, video=None) -> RequestInput:
-    """What the init stage needs of one request: the reference image (and video), the frame size and the seed."""
+def request_input(cfg: Config, reference: np.ndarray, reference_path: Path, video=None,
+                  audio: Path | None = None) -> RequestInput:
+    """What the init stage needs of one request: the reference image (and video), the frame size, the seed and
+    the audio file (None for a stream)."""
     return RequestInput(reference=reference, reference_path=Path(reference_path),
-                        width=cfg.video.width, height=cfg.video.height, seed=cfg.seed, video=video)
+                        width=cfg.video.width, height=cfg.video.height, seed=cfg.seed, video=video, audio_path=audio)
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,10 @@ def prepared(cfg: Config, reference: Path, audio: Path | StreamedAudio, mesh: Me
         reader = AudioReader(audio, fps=cfg.fps, model_rate=pipeline.audio_rate, lookahead_s=0.0 if live else 0.5)
     limit = None if video is None else video.timeline.frame_limit
     with reader:
-        static = pipeline.prepare(request_input(cfg, image, reference, video), clock=clock)  # times "load" and "init"
+        file = None if isinstance(audio, StreamedAudio) else Path(audio)
+        static = pipeline.prepare(request_input(cfg, image, reference, video, file), clock=clock)  # times load, init
         del image
-        notes = (*pipeline.notes, *(() if video is None else video_notes(video, cfg)))
+        notes = (*pipeline.notes, *static.notes, *(() if video is None else video_notes(video, cfg)))
         yield Prepared(pipeline=pipeline, static=static, audio=reader if limit is None else TrimmedAudio(reader, limit),
                        notes=notes)
 

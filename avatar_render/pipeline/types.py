@@ -25,6 +25,7 @@ class RequestInput:
     # a video reference streamed (io.video_source.VideoReference: frames by output time), None for an image;
     # ``reference`` is then its first frame
     video: Any = None
+    audio_path: Path | None = None  # the audio file, when the audio is one (not a stream)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class StaticConditioning:
 
     face_detected: bool  # False when the face position came from a fallback
     face_note: str = field(default="", kw_only=True)  # several faces: which one is rendered, how to pick another
+    notes: tuple[str, ...] = field(default=(), kw_only=True)  # what else the user should know of the set-up
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,9 +46,10 @@ from avatar_render.preview.motion import (
     shape_mouth,
     speaking,
 )
-from avatar_render.preview.phones import PhoneRecognizer, model_dir
+from avatar_render.preview.phones import PhoneRecognizer, lip_closures, model_dir
 from avatar_render.preview.render import render_frame
 from avatar_render.preview.rig import FaceRig, build_rig
+from avatar_render.preview.script import Script, align_script, read_transcript
 from avatar_render.preview.visemes import mouth_targets
 
 SPEECH_RATE = 16_000  # the rate the speech analysis runs at
@@ -60,6 +62,7 @@ class PreviewStatic(StaticConditioning):
     rig: FaceRig
     landmarks: str  # "model", "template" (on the detector's boxes) or "fallback" (no face found)
     dub: DubSource | None = None  # a video reference: its frames, with the mouth redone (preview/dub.py)
+    script: Script | None = None  # the transcript's phones placed in the audio (preview.transcript)
     frames: FramePool = field(default_factory=FramePool, repr=False)  # the decode's frame buffers
 
 
@@ -105,8 +108,9 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
     output_type = PreviewStatic
 
     def __init__(self, *, face_box: list[int] | None, landmarks: str, cache_mb: int = 256,
-                 face_index: int | None = None) -> None:
+                 face_index: int | None = None, transcript: str | None = None) -> None:
         self.face_box = face_box
+        self.transcript = transcript  # the words spoken (the file's text), or None
         self.cache_mb = cache_mb
         self.detector = FaceDetector(index=face_index)
         path = find_model(landmarks)
@@ -135,7 +139,17 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
             dub = dub_source(x, detector=self.detector, landmarks=self.landmarks, face_box=self.face_box,
                              cache_mb=self.cache_mb)
             static = dataclasses.replace(static, face_detected=dub.track.found > 0, dub=dub)
+        if self.transcript is not None:
+            script, why = self._script(x.audio_path)
+            static = dataclasses.replace(static, script=script, notes=(why,) if why else ())
         return static, None
+
+    def _script(self, audio: Path | None) -> tuple[Script | None, str]:
+        if audio is None:
+            return None, "A transcript is aligned with an audio file, not a stream: the mouth follows the phones heard."
+        if model_dir() is None:
+            return None, "A transcript needs PocketSphinx (pip install pocketsphinx): the mouth follows the loudness."
+        return align_script(audio, self.transcript)  # (the first stretch aligned; the others as chunks reach them)
 
 
 class SpeechContext(Stage[ChunkInput, SpeechFeatures]):
@@ -163,7 +177,10 @@ class SpeechContext(Stage[ChunkInput, SpeechFeatures]):
             return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=None), None
         if self.recognizer is None:
             return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=loudness_targets(energy)), None
-        phones = self.recognizer.recognize(x.audio)
+        start = plan.start / float(fps) - x.audio_pad_s
+        # the words spoken, aligned (here, a stretch at a time, as the chunks reach it): the window's phones from them
+        script = None if static.script is None else static.script.window(start, start + len(x.audio) / x.audio_rate)
+        phones = self.recognizer.recognize(x.audio) if script is None else lip_closures(script, x.audio)
         times = (np.arange(m) - margin + 0.5) / float(fps) + x.audio_pad_s  # seconds into the window
         return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=mouth_targets(phones, times)), None
 
@@ -282,7 +299,8 @@ def build_preview(cfg: Config, mesh: object = None) -> Pipeline:  # one process:
     p = cfg.preview
     return Pipeline(
         init=PreviewInit(face_box=cfg.face.box, landmarks=cfg.face.landmarks, cache_mb=cfg.reference.cache_mb,
-                         face_index=cfg.face.index),
+                         face_index=cfg.face.index,
+                         transcript=read_transcript(p.transcript) if p.transcript is not None and p.phones else None),
         generate=(
             SpeechContext(phones=p.phones),
             PreviewAnimator(

@@ -33,6 +33,9 @@ MURMUR_S = 0.03  # for at least this long, steady ...
 MURMUR_STEADY_DB = 6.0  # ... within this
 MURMUR_N = round(0.025 * 16_000)  # samples of the spectrum around each 10-ms frame
 CLOSURE_S = 0.08  # how long the lips stay shut for one m, b or p
+# ... one aligned to the words spoken (``lip_closures``): its release is placed, so a shorter closure still shuts
+# the lips at every m/b/p, and leaves them open on more of the loud frames around it (docs/preview.md)
+ALIGNED_CLOSURE_S = 0.06
 LIPS = ("M", "B", "P")
 HELD_QUIET_DB = 20.0  # sound this far under the window's loudest 10 ms right after an m, b or p ...
 HELD_S = 0.03  # ... for this long keeps the lips shut
@@ -116,8 +119,7 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     "young man", quieter than the m itself); the rest is an HH, shaped by its neighbours. And
     the lips stay shut through the quiet right after a closure (``_held_shut``).
     """
-    frame = round(FRAME_S * RATE)
-    level = 10 * np.log10(np.mean(audio[: len(audio) // frame * frame].reshape(-1, frame) ** 2, axis=1) + 1e-12)
+    level = frame_levels(audio)
     out = []
     for p in phones:
         if p.label == "SIL":
@@ -143,6 +145,19 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     return tuple(_held_shut(named, level))
 
 
+def lip_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, ...]:
+    """Phones whose stops are all named (aligned to the words spoken): each m, b or p shut over its last
+    ALIGNED_CLOSURE_S and through the quiet after it, as in ``stop_closures``. audio: (n,) float32, the window."""
+    out = [q for p in phones for q in (_at_release(p, ALIGNED_CLOSURE_S) if p.label in LIPS else [p])]
+    return tuple(_held_shut(out, frame_levels(audio)))
+
+
+def frame_levels(audio: np.ndarray) -> np.ndarray:
+    """(n // 160,) dB of the window's 10-ms frames."""
+    frame = round(FRAME_S * RATE)
+    return 10 * np.log10(np.mean(audio[: len(audio) // frame * frame].reshape(-1, frame) ** 2, axis=1) + 1e-12)
+
+
 def _held_shut(phones: list[Phone], level: np.ndarray) -> list[Phone]:
     """Lips closed for an m, b or p stay closed through the quiet that follows it before the next sound (the
     p of "pumpkin"): quiet of at least HELD_S at the start of the phone after becomes a P."""
@@ -164,11 +179,12 @@ def _held_shut(phones: list[Phone], level: np.ndarray) -> list[Phone]:
     return out
 
 
-def _at_release(closure: Phone) -> list[Phone]:
-    """An m, b or p cut to the last CLOSURE_S before its release (the end of its segment), an HH before it."""
-    if closure.end - closure.start <= CLOSURE_S:
+def _at_release(closure: Phone, length: float = CLOSURE_S) -> list[Phone]:
+    """An m, b or p cut to the last ``length`` seconds before its release (the end of its segment), an HH before
+    it."""
+    if closure.end - closure.start <= length:
         return [closure]
-    start = closure.end - CLOSURE_S
+    start = closure.end - length
     return [Phone("HH", closure.start, start), Phone(closure.label, start, closure.end)]
 
 

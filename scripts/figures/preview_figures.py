@@ -4,7 +4,10 @@ and times the whole job (encode included) at 512x512, 1280x720 and 1920x1080; a 
 example for the seam ratio (``avatar-render inspect``) and its peak memory against a 10 s render's.
 
     python scripts/figures/preview_figures.py [--out bench-out/preview] [--seam-s 198] [--skip-speed] [--skip-seams]
-        [--only talk mbp ...] [--json figures.json] [overrides ...]
+        [--only talk mbp ...] [--transcript] [--json figures.json] [overrides ...]
+
+--transcript renders each English recording with its words given (``preview.transcript``: the phones aligned
+to them, not heard); the Spanish one is rendered as without it.
 
 The extra recordings are made by ``scripts/fixtures/make_examples.py --extra OUT/rec`` (espeak-ng, and pip for the
 human voice) when missing; one that could not be made is left out, with a message.
@@ -60,6 +63,7 @@ def main() -> None:
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-seams", action="store_true")
     ap.add_argument("--only", nargs="*", default=None, help="recordings to render and measure (talk and EXTRA names)")
+    ap.add_argument("--transcript", action="store_true", help="give the English recordings' words to the renders")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
@@ -102,7 +106,15 @@ def main() -> None:
 
     for name in names:
         audio = TALK if name == "talk" else rec / f"{name}.wav"
-        report = render(out / f"{name}.mp4", audio, *args.overrides)
+        words = []
+        if args.transcript and name in ("talk", *ENGLISH):
+            if name == "talk":
+                sys.path.insert(0, str(ROOT / "scripts" / "fixtures"))
+                from make_examples import TEXT
+
+                (out / "talk.txt").write_text(TEXT + "\n")
+            words = [f"preview.transcript={out / 'talk.txt' if name == 'talk' else rec / f'{name}.txt'}"]
+        report = render(out / f"{name}.mp4", audio, *words, *args.overrides)
         text = (rec / f"{name}.txt").read_text() if name in ENGLISH else None
         m = measure(out / f"{name}.mp4", FACE, audio, text)
         m["realtime_factor"] = report["realtime_factor"]
