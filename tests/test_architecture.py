@@ -429,3 +429,26 @@ def test_the_exception_scan_sees_an_error_outside_errors_py(tmp_path):
         assert [f.split(" ")[1] for f in exception_faults(tmp_path / "errors.py", errors_module=True)] == ["Stop"]
     finally:
         PACKAGE = saved
+
+
+def path_changes(path: Path) -> list[str]:
+    """Where ``path`` changes ``sys.path`` (to import a script, or a sibling of one): 'file:line'."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [f"{path.name}:{node.lineno}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr in ("insert", "append", "extend")
+            and isinstance(node.value, ast.Attribute) and node.value.attr == "path"
+            and isinstance(node.value.value, ast.Name) and node.value.value.id == "sys"]
+
+
+def test_no_script_or_test_changes_sys_path():
+    """Nothing imports a script: a script imports the package (installed) or a sibling in its own folder,
+    which Python finds by itself; tests read data files, not scripts."""
+    files = sorted((ROOT / "scripts").rglob("*.py")) + sorted((ROOT / "tests").rglob("*.py"))
+    found = [f for p in files if p.name != "test_architecture.py" for f in path_changes(p)]
+    assert not found, "sys.path changed in: " + ", ".join(found)
+
+
+def test_the_sys_path_scan_sees_an_insert(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nsys.path.insert(0, 'x')\nsys.path.append('y')\nsys.argv.append('z')\n")
+    assert path_changes(script) == ["s.py:2", "s.py:3"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 import wave
 from fractions import Fraction
 from pathlib import Path
@@ -32,12 +31,8 @@ needs_sphinx = pytest.mark.skipif(model_dir() is None, reason="pocketsphinx is n
 
 
 def talk_text() -> str:
-    sys.path.insert(0, str(ROOT / "scripts" / "fixtures"))
-    try:
-        from make_examples import TEXT  # the words of examples/talk.wav
-    finally:
-        sys.path.pop(0)
-    return TEXT
+    """The words of examples/talk.wav."""
+    return (ROOT / "examples" / "talk.txt").read_text(encoding="utf-8")
 
 
 def test_a_scripts_window_is_clipped_to_it_and_its_gaps_are_pauses():

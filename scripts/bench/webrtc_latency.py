@@ -40,7 +40,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from avatar_render.bench import loop_speech
+from served_render import served_render
+
 from avatar_render.telemetry import rss_mb_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,22 +113,7 @@ def main() -> int:
     ap.add_argument("render_args", nargs="*", help="more for the render, after --: options, config overrides")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="webrtc-latency-"))
-    loop_speech(ROOT / "examples" / "talk.wav", args.seconds, work / "speech.wav")
-    cmd = [sys.executable, "-m", "avatar_render", "render", "--ref", str(ROOT / "examples" / "face.png"),
-           "--audio", str(work / "speech.wav"), "--serve", "0", "--serve-linger", "1",
-           f"video.width={args.size}", f"video.height={args.size}", *args.render_args]
-    listener = None
-    if args.paced:
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        url = f"rtmp://127.0.0.1:{port}/live/bench"
-        listener = subprocess.Popen(["ffmpeg", "-hide_banner", "-loglevel", "error", "-listen", "1", "-i", url,
-                                     "-c", "copy", "-f", "null", "-"], stdin=subprocess.DEVNULL)
-        time.sleep(1.0)  # (it listens)
-        cmd += ["--live", url, "--live-buffer", "0.5", "--preroll", "0.5"]
+    cmd, listener = served_render(args.seconds, args.size, args.render_args, work, paced=args.paced)
     figures: dict = {"seconds": args.seconds, "paced": args.paced, "size": args.size,
                      "viewers": 0 if args.no_watch else args.viewers, "render_args": args.render_args}
     if args.no_watch:

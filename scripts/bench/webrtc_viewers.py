@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from served_render import served_render
 
 ROOT = Path(__file__).resolve().parents[2]
 VIDEO_CLOCK = 90_000
@@ -191,24 +192,8 @@ def main() -> int:
     if args.client:
         viewers_main(args.client[0], int(args.client[1]), Path(args.client[2]), stop_after=args.seconds * 3 + 60)
         return 0
-    sys.path.insert(0, str(ROOT))
-    from avatar_render.bench import loop_speech
-
     work = Path(tempfile.mkdtemp(prefix="webrtc-viewers-"))  # (kept: the render's log)
-    loop_speech(ROOT / "examples" / "talk.wav", args.seconds, work / "speech.wav")
-    cmd = [sys.executable, "-m", "avatar_render", "render", "--ref", str(ROOT / "examples" / "face.png"),
-           "--audio", str(work / "speech.wav"), "--serve", "0", "--serve-linger", "1",
-           f"video.width={args.size}", f"video.height={args.size}", *args.render_args]
-    listener = None
-    if args.paced:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        target = f"rtmp://127.0.0.1:{port}/live/bench"
-        listener = subprocess.Popen(["ffmpeg", "-hide_banner", "-loglevel", "error", "-listen", "1", "-i", target,
-                                     "-c", "copy", "-f", "null", "-"], stdin=subprocess.DEVNULL)
-        time.sleep(1.0)  # (it listens)
-        cmd += ["--live", target, "--live-buffer", "0.5", "--preroll", "0.5"]
+    cmd, listener = served_render(args.seconds, args.size, args.render_args, work, paced=args.paced)
     figures: dict = {"seconds": args.seconds, "paced": args.paced, "viewers": args.viewers,
                      "render_args": args.render_args, "load_at_start": os.getloadavg()}
     start = time.time()

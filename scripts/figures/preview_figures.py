@@ -108,12 +108,7 @@ def main() -> None:
         audio = TALK if name == "talk" else rec / f"{name}.wav"
         words = []
         if args.transcript and name in ("talk", *ENGLISH):
-            if name == "talk":
-                sys.path.insert(0, str(ROOT / "scripts" / "fixtures"))
-                from make_examples import TEXT
-
-                (out / "talk.txt").write_text(TEXT + "\n")
-            words = [f"preview.transcript={out / 'talk.txt' if name == 'talk' else rec / f'{name}.txt'}"]
+            words = [f"preview.transcript={TALK.with_suffix('.txt') if name == 'talk' else rec / f'{name}.txt'}"]
         report = render(out / f"{name}.mp4", audio, *words, *args.overrides)
         text = (rec / f"{name}.txt").read_text() if name in ENGLISH else None
         m = measure(out / f"{name}.mp4", FACE, audio, text)
