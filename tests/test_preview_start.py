@@ -96,6 +96,17 @@ def test_an_early_search_that_fails_leaves_the_set_up_to_say_why(tmp_path):
 
 
 @needs_sphinx
+def test_a_large_image_is_not_looked_at_early(tmp_path, monkeypatch):
+    """The early search holds its own copy of the pixels until the set-up takes it: not for a large image,
+    which the set-up alone reads (one copy of a huge scan, not two)."""
+    monkeypatch.setattr(early, "EARLY_MAX_PIXELS", 512 * 512 - 1)  # (examples/face.png is 512x512)
+    early.start(load_config(None, ("preview.phones=false",)), FACE)
+    assert ahead.take(ahead.FACE) is None
+    monkeypatch.setattr(early, "EARLY_MAX_PIXELS", 512 * 512)
+    early.start(load_config(None, ("preview.phones=false",)), FACE)
+    assert ahead.take(ahead.FACE) is not None
+
+
 def test_the_recogniser_takes_the_decoder_made_early():
     early.start(load_config(None, ("face.box=[10,10,100,100]",)), FACE)
     made = ahead._started[ahead.PHONE_DECODER].value()

@@ -77,6 +77,15 @@ def _is_image(path: Path) -> bool:
         return True  # an image, a broken one: load_reference says so
 
 
+def image_within(path: Path, max_pixels: int) -> bool:
+    """Whether ``path`` is an image Pillow knows of at most ``max_pixels``, by its header alone."""
+    try:
+        _open_image(path, max_pixels).close()
+    except (AvatarRenderError, UnidentifiedImageError, OSError):
+        return False
+    return True
+
+
 def _open_image(path: Path, max_pixels: int) -> Image.Image:
     """Open lazily (header only) and check the size before any pixel is decoded."""
     with _PIL_LIMIT_LOCK, warnings.catch_warnings():

@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 from avatar_render.preview import ahead
 
+EARLY_MAX_PIXELS = 16_000_000  # larger references are looked at by the set-up alone (48 MB as RGB)
+
 
 def start(cfg: Any, reference: Path) -> None:
     """Start looking for the face of the image ``reference`` as ``cfg`` asks for it (unless ``face.box``
@@ -38,10 +40,10 @@ def take_face(image: Any, index: Optional[int]) -> Optional[tuple]:
 def _find_face(reference: Path, index: Optional[int]) -> Optional[tuple]:
     """(face.index, the image, choose_face's answer), or None for a video reference."""
     from avatar_render.face.detect import FaceDetector, choose_face
-    from avatar_render.io.reference import VIDEO_SUFFIXES, load_reference
+    from avatar_render.io.reference import VIDEO_SUFFIXES, image_within, load_reference
 
-    if reference.suffix.lower() in VIDEO_SUFFIXES:
-        return None  # (a video's first frame: the set-up reads it with the rest of the video)
+    if reference.suffix.lower() in VIDEO_SUFFIXES or not image_within(reference, EARLY_MAX_PIXELS):
+        return None  # (a video's first frame, read with the rest of the video; a large image, read once)
     image = load_reference(reference)
     return index, image, choose_face(image, FaceDetector(index=index), None)
 
