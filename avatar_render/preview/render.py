@@ -90,17 +90,32 @@ def _maps(half: tuple[int, ...], rect: Rect) -> tuple[np.ndarray, np.ndarray, np
 
 def _edges(mx: np.ndarray, my: np.ndarray, rect: Rect, head, inv: np.ndarray) -> None:
     """The resize cannot reach the outermost rows and columns exactly (it clamps there): set them directly."""
-    cols = np.arange(rect.x0, rect.x1, dtype=np.float32)
-    rows = np.arange(rect.y0, rect.y1, dtype=np.float32)
-    hw = head.weight
-    for sl, xs, ys, k in (
-        ((0, slice(None)), cols, np.full_like(cols, rect.y0), np.repeat(hw[0], 2)[: rect.w]),
-        ((-1, slice(None)), cols, np.full_like(cols, rect.y1 - 1), np.repeat(hw[-1], 2)[: rect.w]),
-        ((slice(None), 0), np.full_like(rows, rect.x0), rows, np.repeat(hw[:, 0], 2)[: rect.h]),
-        ((slice(None), -1), np.full_like(rows, rect.x1 - 1), rows, np.repeat(hw[:, -1], 2)[: rect.h]),
-    ):
-        mx[sl] = xs + k * (inv[0, 0] * xs + inv[0, 1] * ys + inv[0, 2] - xs)
-        my[sl] = ys + k * (inv[1, 0] * xs + inv[1, 1] * ys + inv[1, 2] - ys)
+    xs, ys, k, parts = _edge_points(rect, head)
+    x = xs + k * (inv[0, 0] * xs + inv[0, 1] * ys + inv[0, 2] - xs)
+    y = ys + k * (inv[1, 0] * xs + inv[1, 1] * ys + inv[1, 2] - ys)
+    for sl, a, b in parts:  # (in this order: the columns' ends overwrite the rows' at the corners)
+        mx[sl] = x[a:b]
+        my[sl] = y[a:b]
+
+
+def _edge_points(rect: Rect, head) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple]:
+    """The rectangle's top row, bottom row, left and right columns one after another: x, y and the head's weight,
+    each (2 * (w + h),) float32, and each part's (index into the maps, start, end) in them. Made once a head."""
+    if getattr(_SCRATCH, "edge_head", None) is not head or _SCRATCH.edge_rect != rect:
+        cols = np.arange(rect.x0, rect.x1, dtype=np.float32)
+        rows = np.arange(rect.y0, rect.y1, dtype=np.float32)
+        hw = head.weight
+        edges = (
+            ((0, slice(None)), cols, np.full_like(cols, rect.y0), np.repeat(hw[0], 2)[: rect.w]),
+            ((-1, slice(None)), cols, np.full_like(cols, rect.y1 - 1), np.repeat(hw[-1], 2)[: rect.w]),
+            ((slice(None), 0), np.full_like(rows, rect.x0), rows, np.repeat(hw[:, 0], 2)[: rect.h]),
+            ((slice(None), -1), np.full_like(rows, rect.x1 - 1), rows, np.repeat(hw[:, -1], 2)[: rect.h]),
+        )
+        ends = np.cumsum([0] + [len(e[1]) for e in edges])
+        parts = tuple((e[0], int(a), int(b)) for e, a, b in zip(edges, ends[:-1], ends[1:]))
+        _SCRATCH.edge_head, _SCRATCH.edge_rect = head, rect  # (the head held: its weights cannot change under it)
+        _SCRATCH.edges = tuple(np.concatenate([e[i] for e in edges]) for i in (1, 2, 3)) + (parts,)
+    return _SCRATCH.edges
 
 
 def _forward_rect(fwd: np.ndarray, pts: np.ndarray, within: Rect, margin: float) -> Rect:
@@ -168,15 +183,17 @@ def _mouth_gap(out: np.ndarray, rig: FaceRig, p: np.ndarray, inv: np.ndarray, fw
     ref_up, ref_low = teeth.lips
     edge = 0.5 + 0.02 * mouth.width_px  # how far inside the reference's lips its teeth are sampled at most
 
+    lips = contour_t(s, ref_up, rig.mesh), contour_t(s, ref_low, rig.mesh)  # (the reference's, down the face)
+
     def layer(shift: np.ndarray, mask: np.ndarray, *, upper_row: bool) -> tuple[np.ndarray, np.ndarray]:
         # Where a lip has moved off the teeth (spread lips, the upper lip raised), more of the same teeth
         # shows, not the inside of the mouth: sources beyond the reference's lip line are taken from inside it.
         t_src = t - float(shift @ ey)
         if upper_row:
-            limit = contour_t(s, ref_up, rig.mesh) + edge
+            limit = lips[0] + edge
             moved_by = np.maximum(limit - t_src, 0)
         else:
-            limit = contour_t(s, ref_low, rig.mesh) - edge
+            limit = lips[1] - edge
             moved_by = np.minimum(limit - t_src, 0)
         x = (sx - float(shift[0]) + moved_by * float(ey[0])).astype(np.float32)
         y = (sy - float(shift[1]) + moved_by * float(ey[1])).astype(np.float32)
@@ -186,7 +203,7 @@ def _mouth_gap(out: np.ndarray, rig: FaceRig, p: np.ndarray, inv: np.ndarray, fw
 
     up_px, up_m = layer(d_up, teeth.upper, upper_row=True)
     low_px, low_m = layer(d_low, teeth.lower, upper_row=False)
-    inner = _interior(rig, s, t, upper, d_up, d_low)
+    inner = _interior(rig, s, t, lips, upper, d_up, d_low)
     content = up_m * up_px + (1 - up_m) * (low_m * low_px + (1 - low_m) * inner)
     a = inside[..., None]
     region = out[sub.slices].astype(np.float32)
@@ -222,19 +239,24 @@ def _lip_seam(out: np.ndarray, rig: FaceRig, p: np.ndarray, inv: np.ndarray, fwd
 
 
 def _interior(
-    rig: FaceRig, s: np.ndarray, t: np.ndarray, upper: np.ndarray, d_up: np.ndarray, d_low: np.ndarray
+    rig: FaceRig,
+    s: np.ndarray,
+    t: np.ndarray,
+    lips: tuple[np.ndarray, np.ndarray],
+    upper: np.ndarray,
+    d_up: np.ndarray,
+    d_low: np.ndarray,
 ) -> np.ndarray:
     """The newly opened mouth, between where the upper teeth (or lip) end and the lower ones (or the lower lip)
     begin -> (h, w, 3) float32 RGB. Not a flat hole: deepest in the shadow under the upper teeth, the dark
     of the mouth below that, the tongue's top rising from behind the lower lip once the mouth is open
     enough, the lower lip's wet inner side at the bottom edge, all darker towards the corners; and the
     edges of teeth the reference does not show: the lower row (when it shows only the upper one), or a
-    shaded upper row (when it shows none)."""
+    shaded upper row (when it shows none). lips: ``contour_t`` of the reference's inner lips (``Teeth.lips``) at s."""
     assert rig.teeth is not None and rig.mouth is not None
     teeth, width = rig.teeth, max(rig.mouth.width_px, 1.0)
     shadow, cavity, tongue = rig.interior
-    ref_up, ref_low = teeth.lips
-    t_up, t_low = contour_t(s, ref_up, rig.mesh), contour_t(s, ref_low, rig.mesh)
+    t_up, t_low = lips  # the reference's inner lip contours at each s
     _, ey = rig.mesh.axes()
     split = t_up + teeth.split * (t_low - t_up)
     top, bottom = split + float(d_up @ ey), split + float(d_low @ ey)

@@ -100,11 +100,10 @@ def backward_map(ref: np.ndarray, moved: np.ndarray, triangles: np.ndarray, rect
     affine = np.zeros((len(d), 2, 3))
     affine[ok] = np.linalg.solve(m[ok], r[ok]).transpose(0, 2, 1)  # (T, 2, 3): source = affine @ [x, y, 1]
     labels = np.full((rect.h, rect.w), -1, np.int32)
-    scale = 1 << _SHIFT
-    for t in np.flatnonzero(ok):
-        # Vertices in OpenCV's pixel-centre coordinates, relative to the rectangle.
-        v = np.round((d[t] - 0.5 - (rect.x0, rect.y0)) * scale).astype(np.int32)
-        cv2.fillConvexPoly(labels, v, int(t), lineType=cv2.LINE_8, shift=_SHIFT)
+    # Vertices in OpenCV's pixel-centre coordinates, relative to the rectangle: (T, 3, 2) fixed point.
+    corners = np.round((d - 0.5 - (rect.x0, rect.y0)) * (1 << _SHIFT)).astype(np.int32)
+    for t in np.flatnonzero(ok).tolist():
+        cv2.fillConvexPoly(labels, corners[t], t, lineType=cv2.LINE_8, shift=_SHIFT)
     # Neighbouring triangles share edges, but rasterising each on its own can leave a crack of pixels
     # between them: those take a neighbour's map (the two agree along the edge).
     for _ in range(2):
