@@ -5,6 +5,7 @@ the writer waits for the wire and generation is held to real time, as a session'
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -35,3 +36,14 @@ def served_render(seconds: float, size: int, render_args: list[str], work: Path,
                                  "-c", "copy", "-f", "null", "-"], stdin=subprocess.DEVNULL)
     time.sleep(1.0)  # (it listens)
     return cmd + ["--live", url, "--live-buffer", "0.5", "--preroll", "0.5"], listener
+
+
+def print_figures(figures: dict, listener: Optional[subprocess.Popen], json_path: Optional[Path],
+           render: subprocess.Popen) -> int:
+    """Print the figures (and write them to ``json_path``) once the listener is done; the render's exit code."""
+    if listener is not None:
+        listener.wait(timeout=30)
+    print(json.dumps(figures, indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(figures, indent=1) + "\n")
+    return render.returncode or 0

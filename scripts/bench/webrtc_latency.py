@@ -40,7 +40,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from served_render import served_render
+from served_render import print_figures, served_render
 
 from avatar_render.telemetry import rss_mb_of
 
@@ -193,12 +193,7 @@ def main() -> int:
         rss_mb={"after_60_s": next((round(m) for t, m in rss if t >= 60 and m), None),
                 "last": next((round(m) for _, m in reversed(rss) if m), None),
                 "max": round(max((m for _, m in rss if m), default=0))})
-    if listener is not None:
-        listener.wait(timeout=30)
-    print(json.dumps(figures, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1) + "\n")
-    return proc.returncode or 0
+    return print_figures(figures, listener, args.json, proc)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from served_render import served_render
+from served_render import print_figures, served_render
 
 ROOT = Path(__file__).resolve().parents[2]
 VIDEO_CLOCK = 90_000
@@ -264,12 +264,7 @@ def main() -> int:
                                     "p95": round(percentile(delays, 0.95), 3),
                                     "max": round(max(delays), 3)} if delays else None})
         figures["per_viewer"] = per
-    if listener is not None:
-        listener.wait(timeout=30)
-    print(json.dumps(figures, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1) + "\n")
-    return proc.returncode or 0
+    return print_figures(figures, listener, args.json, proc)
 
 
 if __name__ == "__main__":
