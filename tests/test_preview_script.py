@@ -22,7 +22,7 @@ from avatar_render.preview import script as script_module
 from avatar_render.preview.engine import SpeechContext, build_preview
 from avatar_render.preview.motion import CLOSURE_SATURATE
 from avatar_render.preview.phones import LIPS, RATE, Phone, model_dir
-from avatar_render.preview.script import Script, _share, read_transcript, words_of
+from avatar_render.preview.script import Script, _share, align_script, read_transcript, words_of
 
 ROOT = Path(__file__).resolve().parents[1]
 FACE = ROOT / "examples" / "face.png"
@@ -230,3 +230,15 @@ def test_a_render_with_the_words_stopped_and_resumed_is_the_uninterrupted_one(tm
     assert report.resumed_frames > 0
     assert (tmp_path / "b.mp4").read_bytes() == (tmp_path / "whole.mp4").read_bytes()
     assert set(aligned) < whole  # (the stretches wholly before the resumed run's first window are not aligned)
+
+
+@needs_sphinx
+def test_a_transcript_far_too_short_or_long_for_the_speech_falls_back_with_one_line():
+    """Three words for 25 s of speech (or the text many times over) cannot be what was said: every stretch
+    after the first would get no words and the mouth would stay shut; the recogniser is used, and says so."""
+    for text in ("Hola, buenos dias.", " ".join([talk_text()] * 4)):
+        script, note = align_script(TALK, text)
+        assert script is None and "not the words spoken" in note, note
+    script, note = align_script(TALK, talk_text())
+    assert script is not None and note == ""
+    script.close()

@@ -78,9 +78,10 @@ def _is_image(path: Path) -> bool:
 
 
 def image_within(path: Path, max_pixels: int) -> bool:
-    """Whether ``path`` is an image Pillow knows of at most ``max_pixels``, by its header alone."""
+    """Whether ``path`` is a regular file, an image Pillow knows of at most ``max_pixels``, by its header alone
+    (a pipe or a device is never opened: it could block)."""
     try:
-        _open_image(path, max_pixels).close()
+        _open_image(regular_file(path, what="reference", give="an image"), max_pixels).close()
     except (AvatarRenderError, UnidentifiedImageError, OSError):
         return False
     return True

@@ -31,6 +31,7 @@ EDGE_S = 0.1  # each stretch is aligned with this much of the quiet either side
 MAX_WORDS = 80  # words one stretch may take
 BREAK_BONUS = 1.0  # a stretch that ends where the text has a mark (, . ! ? ; : or a new line): its cost lowered by this
 EMPTY_COST = 2.0  # a stretch that takes no words (a cough, a breath)
+RATE_RANGE = (2.5, 30.0)  # phones a second of speech a transcript may make (see/sue slowly: 5; fast speech: 15)
 BAND_S = 60.0  # how far (seconds of speech) the words through a stretch may be from where the mean rate puts them
 # The aligned phones' mean score a frame (PocketSphinx's log units, 0 for the best state in each frame) under which
 # the words are taken for others than those spoken: the recordings of docs/preview.md with their own texts
@@ -150,6 +151,11 @@ def align_script(audio: Path, text: str) -> tuple[Script | None, str]:
     if not stretches:
         return None, _FAILED
     counts = np.array([len(p.split()) for p in spelled], float)
+    rate = counts.sum() / (sum(b - a for a, b in stretches) * FRAME_S)  # phones a second of speech
+    if not RATE_RANGE[0] <= rate <= RATE_RANGE[1]:
+        return None, (f"The transcript has {int(counts.sum())} sounds for {len(stretches)} stretches of speech "
+                      f"({rate:.1f} a second; speech has some 5 to 15): it is not the words spoken, or only part of "
+                      f"them: {_FALLBACK}.")
     shares = _share(stretches, counts, np.array([b for _, b in words]))
     edge = round(EDGE_S / FRAME_S)
     spans = [(max(0, a - edge), min(len(level), b + edge), " ".join(w for w, _ in words[i:j]))
