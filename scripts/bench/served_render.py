@@ -6,6 +6,7 @@ the writer waits for the wire and generation is held to real time, as a session'
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -16,6 +17,15 @@ from typing import Optional
 from avatar_render.bench import loop_speech
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) the process has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def served_render(seconds: float, size: int, render_args: list[str], work: Path, *,

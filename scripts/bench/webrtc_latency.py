@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -40,7 +39,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from served_render import print_figures, served_render
+from served_render import cpu_s, print_figures, served_render
 
 from avatar_render.telemetry import rss_mb_of
 
@@ -84,15 +83,6 @@ class Handovers(threading.Thread):
     def handed_at(self, frame: int) -> float | None:
         i = bisect.bisect_left([f for f, _ in self.seen], frame)
         return self.seen[i][1] if i < len(self.seen) else None
-
-
-def cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) the process has used so far."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -36,19 +36,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from served_render import print_figures, served_render
+from served_render import cpu_s, print_figures, served_render
 
 ROOT = Path(__file__).resolve().parents[2]
 VIDEO_CLOCK = 90_000
-
-
-def cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) the process has used so far."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def rss_mb(pid: int) -> float | None:
