@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import wave
 from fractions import Fraction
 from pathlib import Path
@@ -242,3 +244,23 @@ def test_a_transcript_far_too_short_or_long_for_the_speech_falls_back_with_one_l
     script, note = align_script(TALK, talk_text())
     assert script is not None and note == ""
     script.close()
+
+
+@needs_sphinx
+def test_the_aligner_holds_the_transcripts_words_not_the_whole_dictionary():
+    """Each of the aligner's decoders knows the transcript's words alone: with PocketSphinx's whole dictionary
+    and its default language model each cost some 90 MB (a render with the words peaked at 320-430 MB for 230)."""
+    code = (
+        "import re, sys\n"
+        "from pathlib import Path\n"
+        "from avatar_render.preview import script\n"
+        "def peak():  # MB (this process image's own: ru_maxrss keeps the parent's across exec)\n"
+        "    return int(re.search(r'VmHWM:\\s+(\\d+)', Path('/proc/self/status').read_text()).group(1)) // 1024\n"
+        "before = peak()\n"
+        "s, why = script.align_script(Path(sys.argv[1]), Path(sys.argv[2]).read_text())\n"
+        "assert s is not None and s.window(0.0, 1e9) is not None, why\n"
+        "print(peak() - before)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(TALK), str(ROOT / "examples" / "talk.txt")],
+                          capture_output=True, text=True, check=True)
+    assert int(done.stdout.split()[-1]) < 40  # MB

@@ -23,7 +23,7 @@ import numpy as np
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
-from avatar_render.preview.phones import FRAME_S, RATE, Phone, frame_levels
+from avatar_render.preview.phones import FRAME_S, RATE, Phone, frame_levels, model_dir
 
 PAUSE_S = 0.2  # quiet this long parts two stretches of speech
 QUIET_DB = 30.0  # a 10-ms frame this far under the audio's loudest is quiet
@@ -137,10 +137,9 @@ def align_script(audio: Path, text: str) -> tuple[Script | None, str]:
     (``_share``): this reads the file's loudness only. Each stretch is then aligned with its words alone as the
     chunks reach it (``Script.window``); here only the first, whose score tells words that are not those
     spoken (MISMATCH_SCORE)."""
-    from pocketsphinx import Decoder
-
     words = words_of(text)
-    first = Decoder(samprate=RATE, bestpath=False, loglevel="FATAL", **_TRIES[0])  # (loads the dictionary: 0.7 s)
+    spellings = _spellings({w for w, _ in words})
+    first = _decoder(_TRIES[0], spellings)
     spelled = [first.lookup_word(w) for w, _ in words]
     unknown = sorted({w for (w, _), p in zip(words, spelled) if p is None})
     if unknown:
@@ -162,11 +161,37 @@ def align_script(audio: Path, text: str) -> tuple[Script | None, str]:
              for (a, b), (i, j) in zip(stretches, shares) if i < j]
     if not spans:
         return None, _FAILED
-    script = Script(aligner=_Aligner(audio, spans, first))
+    script = Script(aligner=_Aligner(audio, spans, first, spellings))
     if script.window(0.0, spans[0][0] * FRAME_S + FRAME_S) is None:  # (aligns the first stretch)
         script.close()
         return None, _FAILED
     return script, ""
+
+
+def _spellings(words: set[str]) -> list[tuple[str, str]]:
+    """(word, phones) of each of ``words`` that PocketSphinx's English dictionary has, its other pronunciations
+    ("read(2)") included, in the dictionary's order. The aligner's decoders hold these alone: the whole
+    dictionary and the default language model (which alignment does not use) cost some 90 MB a decoder."""
+    root = model_dir()
+    if root is None:
+        raise AvatarRenderError("PocketSphinx is not installed: pip install pocketsphinx.")
+    entries = []
+    with open(root / "cmudict-en-us.dict", encoding="utf-8") as lines:
+        for line in lines:
+            word, _, phones = line.partition(" ")
+            if word.split("(", 1)[0] in words:
+                entries.append((word, phones.strip()))
+    return entries
+
+
+def _decoder(settings: dict, spellings: list[tuple[str, str]]):
+    """An aligner with ``settings`` (one of _TRIES) that knows the words ``spellings`` (``_spellings``)."""
+    from pocketsphinx import Decoder
+
+    decoder = Decoder(samprate=RATE, bestpath=False, loglevel="FATAL", lm=None, dict=None, **settings)
+    for word, phones in spellings:
+        decoder.add_word(word, phones, False)
+    return decoder
 
 
 _FAILED = f"The transcript could not be aligned with the audio (other words spoken?): {_FALLBACK}."
@@ -177,8 +202,9 @@ class _Aligner:
     """Aligns the stretches of speech one after another, reading the audio file forward (what is behind the
     stretch aligned is let go of). spans: [first, end) 10-ms frames and the words of each stretch."""
 
-    def __init__(self, audio: Path, spans: list[tuple[int, int, str]], decoder) -> None:
-        self.spans = spans
+    def __init__(self, audio: Path, spans: list[tuple[int, int, str]], decoder,
+                 spellings: list[tuple[str, str]]) -> None:
+        self.spans, self._spellings = spans, spellings
         self.done = 0  # stretches aligned or passed over
         self.aligned = 0
         self.lost: float | None = None  # where (seconds) the words stopped fitting the audio
@@ -218,9 +244,7 @@ class _Aligner:
         pcm = (np.clip(self._samples(first * _HOP, last * _HOP), -1.0, 1.0) * 32767).astype(np.int16)
         for t in range(len(_TRIES)):
             if t == len(self._decoders):
-                from pocketsphinx import Decoder
-
-                self._decoders.append(Decoder(samprate=RATE, bestpath=False, loglevel="FATAL", **_TRIES[t]))
+                self._decoders.append(_decoder(_TRIES[t], self._spellings))
             if (got := _aligned_phones(self._decoders[t], pcm, text)) is not None:
                 return got
         return None
