@@ -340,6 +340,43 @@ def test_the_template_opens_its_lips_beyond_the_teeth_it_finds():
     assert np.median(above) >= 0.05 * w and np.median(below) >= 0.05 * w, (np.median(above), np.median(below))
 
 
+def test_the_template_widens_its_mouth_to_a_smile_wider_than_it():
+    """A smile is wider than the template's mouth: the teeth and the dark of its corners beyond the template's
+    corners stayed in view with the lips shut. The template is widened to the mouth's opening and OVER beyond,
+    its lips moving with their corners; a mouth whose opening fits (the example's) leaves it as it was."""
+    from avatar_render.face.detect import FaceDetector, choose_face
+    from avatar_render.face.fit import fit_to_frame
+    from avatar_render.face.teeth import MAX_WIDEN, OVER, teeth_patch, widen_to_teeth
+
+    ref = load_reference(FACE)
+    layout, _ = choose_face(ref, FaceDetector(), None)
+    image, fit = fit_to_frame(ref, 512, 512, focus=(layout.face.x, layout.face.y, layout.face.w, layout.face.h))
+    closed = fm.template_mesh(layout).mapped(fit)
+    assert widen_to_teeth(image, closed) is closed
+    ex, ey = closed.axes()
+    c = closed.mouth_centre
+    corners = np.array([(closed.points[i] - c) @ ex for i in (61, 291)])
+    teeth = teeth_patch(image, closed)
+    ys, xs = np.nonzero(teeth)
+    t_mid = float(np.median(np.stack([xs + 0.5 - c[0], ys + 0.5 - c[1]], axis=1) @ ey))
+    smile = image.copy()  # the mouth's dark drawn out to 1.25 times the template's corners either side
+    for s in np.arange(1.25 * corners[0], 1.25 * corners[1], 0.25):
+        for t in np.arange(t_mid - 2, t_mid + 2, 0.25):
+            x, y = (c + s * ex + t * ey).astype(int)
+            if abs(s) > 8 and not teeth[y, x]:
+                smile[y, x] = (12, 10, 10)
+    wide = widen_to_teeth(smile, closed)
+    after = np.array([(wide.points[i] - c) @ ex for i in (61, 291)])
+    reach = 1.25 * np.abs(corners) + OVER * closed.mouth_width()
+    assert np.all(np.abs(after) >= np.minimum(reach, MAX_WIDEN * np.abs(corners)) - 0.5), (corners, after)
+    assert np.all(np.abs(after) <= MAX_WIDEN * np.abs(corners) + 1e-3)
+    for ring in (fm.LIPS_OUTER_UPPER, fm.LIPS_INNER_UPPER, fm.LIPS_INNER_LOWER, fm.LIPS_OUTER_LOWER):
+        s = (wide.at(ring) - c) @ ex
+        assert np.all(np.diff(s) > 0)  # (each lip's points keep their order along it)
+    far = np.linalg.norm(closed.points - c, axis=1) > 3 * closed.mouth_width()
+    assert np.array_equal(wide.points[far], closed.points[far])  # (the eyes, the brows, the face's outline)
+
+
 def test_a_short_first_chunk_publishes_the_first_frames_early(tmp_path):
     """chunk.first_frames reaches the preview's chunk sizes: N0 holds that many frames and goes out first;
     the chunks after it keep their size."""
