@@ -85,9 +85,11 @@ main()
 
 
 def held_render(go: Path, at: int, *args: str) -> subprocess.Popen:
-    """``render_cmd(*args)`` held at its decode call ``at`` until ``go`` exists."""
+    """``render_cmd(*args)`` held at its decode call ``at`` until ``go`` exists; in a process group of its
+    own, as a terminal's foreground job."""
     return subprocess.Popen([sys.executable, "-c", HELD, str(go), str(at), *render_cmd(*args)[3:]],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+                            start_new_session=True)
 
 
 def wait_until(ready, proc: subprocess.Popen, *, hang_s: float = 120.0) -> None:

@@ -6,6 +6,7 @@ that timestamps only grow and that every segment (GOP) starts on a keyframe."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -257,13 +258,13 @@ def test_bad_targets_and_options_are_one_sentence(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @needs_ffmpeg
-def test_hls_playlist_continues_after_a_stop_and_resume(tmp_path: Path) -> None:
+def test_ctrl_c_ends_every_stream_cleanly_and_hls_continues_on_resume(tmp_path: Path) -> None:
     audio = speech(tmp_path / "speech.wav", 12.0)
     out, playlist = tmp_path / "out.mp4", tmp_path / "hls" / "live.m3u8"
     playlist.parent.mkdir()
     args = ["--audio", str(audio), "-o", str(out), "--live", str(playlist), "-q", "--live-buffer", "1",
             "chunk.transition_frames=0",  # 2 s chunks, each a segment
-            "--live", f"rtmp://127.0.0.1:{free_port()}/live/k"]
+            "--serve", "0", "--live", f"rtmp://127.0.0.1:{free_port()}/live/k"]
     # a paced push target slows the render to real time, so that it can be stopped half-way
     port = int(args[-1].split(":")[2].split("/")[0])
     listener = _listener("-listen", "1", "-i", args[-1], "-c", "copy", "-f", "null", "-")
@@ -271,10 +272,12 @@ def test_hls_playlist_continues_after_a_stop_and_resume(tmp_path: Path) -> None:
     proc = held_render(go, 4, *args)  # held before its fourth chunk: stopped half-way, whatever the machine's speed
     try:
         wait_until(lambda: playlist.exists() and playlist.read_text().count("#EXTINF") >= 2, proc)
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the render's whole process group
     finally:
         go.touch()
     assert proc.wait(timeout=60) == 130, proc.communicate()
+    said = proc.communicate()[1]  # the stop alone: its streams and their children ended by the render
+    assert "lost the connection" not in said and "WebRTC" not in said, said
     listener.wait(timeout=30)
     stopped = playlist.read_text()
     assert "#EXT-X-ENDLIST" in stopped and not out.exists()

@@ -269,19 +269,23 @@ def test_a_refused_whip_endpoint_is_one_sentence(tmp_path: Path) -> None:
                                      "connection refused.")
 
 
+async def _viewer_offer() -> str:
+    """A receive-only offer, as the watch page makes."""
+    from avatar_render.io.live.rtc_loop import peer_connection
+
+    pc = peer_connection(["127.0.0.1"])
+    pc.addTransceiver("video", direction="recvonly")
+    pc.addTransceiver("audio", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    await pc.close()
+    return pc.localDescription.sdp
+
+
 def test_whep_answers_an_offer_hangs_up_and_refuses_garbage(tmp_path: Path) -> None:
     pytest.importorskip("aiortc", reason="needs aiortc (pip install -e '.[webrtc]')")
-    from avatar_render.io.live.rtc_loop import RtcLoop, peer_connection
+    from avatar_render.io.live.rtc_loop import RtcLoop
     from avatar_render.io.live.server import WatchServer
     from avatar_render.io.live.webrtc import WebRtcHub
-
-    async def offer() -> str:
-        pc = peer_connection(["127.0.0.1"])
-        pc.addTransceiver("video", direction="recvonly")
-        pc.addTransceiver("audio", direction="recvonly")
-        await pc.setLocalDescription(await pc.createOffer())
-        await pc.close()
-        return pc.localDescription.sdp
 
     def call(url: str, method: str, body: bytes = b"") -> tuple[int, dict, bytes]:
         request = urllib.request.Request(url, data=body or None, method=method,
@@ -298,7 +302,7 @@ def test_whep_answers_an_offer_hangs_up_and_refuses_garbage(tmp_path: Path) -> N
     server = WatchServer("127.0.0.1", 0, tmp_path, "live.m3u8", served=frozenset, webrtc=hub)
     plain = WatchServer("127.0.0.1", 0, tmp_path, "live.m3u8", served=frozenset)
     try:
-        sdp = client.run(offer(), timeout=15)
+        sdp = client.run(_viewer_offer(), timeout=15)
         code, headers, answer = call(server.url + "whep", "POST", sdp.encode())
         assert code == 201 and headers["Content-Type"] == "application/sdp", (code, answer)
         assert "H264" in answer.decode() and "opus" in answer.decode()
@@ -316,4 +320,48 @@ def test_whep_answers_an_offer_hangs_up_and_refuses_garbage(tmp_path: Path) -> N
     finally:
         server.close()
         plain.close()
+        client.close()
+
+
+def test_the_viewers_process_answers_offers_and_is_given_up_once_when_it_ends() -> None:
+    """The viewers are served by a child process: an offer is answered there and its figures come back;
+    a child that ends is given up with one warning, and then offers are refused (the page plays HLS)
+    while the writer's calls go on without waiting."""
+    pytest.importorskip("aiortc", reason="needs aiortc (pip install -e '.[webrtc]')")
+    import os
+    import time
+
+    from avatar_render.io.live.rtc_loop import RtcLoop
+    from avatar_render.io.live.rtc_process import WebRtcProcess
+    from avatar_render.io.live.webrtc import Refused
+
+    def until(test, what: str) -> None:
+        deadline = time.monotonic() + 20
+        while not test():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+
+    client = RtcLoop("whep-client")
+    messages: list = []
+    viewers = WebRtcProcess(host="127.0.0.1", buffer_s=10, say=lambda *m: messages.append(m))
+    try:
+        sdp = client.run(_viewer_offer(), timeout=15)
+        session, answer = viewers.answer(sdp)
+        assert "H264" in answer and "opus" in answer
+        assert viewers._proc.pid != os.getpid()
+        until(lambda: viewers.status()["viewers"] == 1, "the child's figures never came")
+        assert viewers.status(session)["first_frame"] is None
+        assert viewers.hang_up(session) and not viewers.hang_up(session)
+        until(lambda: viewers.status()["viewers"] == 0, "the hang-up never showed")
+
+        viewers._proc.kill()  # (the child, started by this test)
+        until(lambda: messages, "no warning when the child ended")
+        with pytest.raises(Refused, match="the viewers' process ended"):
+            viewers.answer(sdp)
+        viewers.coming()
+        viewers.close()
+        time.sleep(0.2)
+        assert messages == [("warning", "live: WebRTC: the viewers' process ended; the page plays HLS instead.")]
+    finally:
+        viewers.shutdown()
         client.close()

@@ -344,4 +344,4 @@ def srt_listener(url: str) -> subprocess.Popen:
         [ffmpeg, "-nostdin", "-v", "error", "-analyzeduration", "200000", "-probesize", "16384",  # (start at once)
          "-i", url, "-vn", "-ac", str(raw.channels), "-ar", str(raw.rate), "-f", raw.sample_format,
          "-flush_packets", "1", "-"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True)

@@ -20,9 +20,9 @@ from avatar_render.files.write import new_temp_folder, remove_tree
 from avatar_render.io.live.hls import HlsSink, claimed_names, remove_playlist, written_names
 from avatar_render.io.live.pipe import PipeSink
 from avatar_render.io.live.push import POLICIES, Pacing, PushSink
+from avatar_render.io.live.rtc_process import WebRtcProcess
 from avatar_render.io.live.server import AudioIntake, WatchServer
 from avatar_render.io.live.targets import LiveTarget, parse_serve, parse_target
-from avatar_render.io.live.webrtc import WebRtcHub
 from avatar_render.io.sink import Sink
 from avatar_render.io.spec import WriterSpec
 from avatar_render.job.output import request_inputs
@@ -92,7 +92,7 @@ class Live:
                 folder, playlist = self._temp, _SERVED_PLAYLIST
                 self.targets.append(LiveTarget("hls", str(self._temp / playlist), path=self._temp / playlist))
             # WebRTC viewers where aiortc is installed (the 'webrtc' extra); else the page plays HLS
-            hub = (WebRtcHub(host=host, buffer_s=opts.buffer_s, say=on_message)
+            hub = (WebRtcProcess(host=host, buffer_s=opts.buffer_s, say=on_message)
                    if importlib.util.find_spec("aiortc") is not None else None)
             try:
                 self.server = WatchServer(host, port, folder, playlist, served=self._served_names, webrtc=hub)

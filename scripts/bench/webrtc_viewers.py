@@ -12,8 +12,10 @@ counter). Ten Chromium tabs would take the 2 cores of the development machine; t
 Reported: per viewer, the video frames received against the frames sent after its first keyframe, frames
 per second, and its delay (a frame's arrival minus the time the writer handed that frame over: status.json
 polled every 20 ms, the frame known from the viewer's first frame and its RTP timestamp): median, p95, max;
-the render's speed (its summary line), CPU time, resident memory every 2 s (after a minute, at the end,
-peak; slope per minute after the first minute), and the viewers' process CPU time.
+the render's speed (its summary line) and CPU time; the CPU time of its sender (the child process that
+sends to the viewers, sampled every 2 s); resident memory, the render's and its sender's together, every
+2 s (after a minute, at the end, peak; slope per minute after the first minute); the viewers' process CPU
+time. ``--viewers-nice 10`` runs the viewers below the render, as browsers on other machines would be.
 
     python scripts/bench/webrtc_viewers.py --seconds 300 --viewers 10
     python scripts/bench/webrtc_viewers.py --seconds 300 --viewers 0          # the same render, no viewer
@@ -50,6 +52,23 @@ def rss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def children(pid: int, marker: str) -> list[int]:
+    """The child processes of ``pid`` whose command line holds ``marker``."""
+    found = []
+    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids = listing.read_text().split()
+        except OSError:
+            continue
+        for kid in kids:
+            try:
+                if marker in Path(f"/proc/{kid}/cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(kid))
+            except OSError:
+                pass
+    return found
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -176,6 +195,9 @@ def main() -> int:
     ap.add_argument("--paced", action="store_true",
                     help="hold generation to real time, as a session's would be (an RTMP target on the loopback with "
                          "a 0.5-s queue), as webrtc_latency.py --paced does")
+    ap.add_argument("--viewers-nice", type=int, default=0, metavar="N",
+                    help="run the viewers' process at this niceness: the viewers stand for browsers on other "
+                         "machines, so they take only the CPU the render leaves (0: they compete with it)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--client", nargs=3, metavar=("URL", "COUNT", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("render_args", nargs="*", help="more for the render, after --: options, config overrides")
@@ -186,7 +208,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="webrtc-viewers-"))  # (kept: the render's log)
     cmd, listener = served_render(args.seconds, args.size, args.render_args, work, paced=args.paced)
     figures: dict = {"seconds": args.seconds, "paced": args.paced, "viewers": args.viewers,
-                     "render_args": args.render_args, "load_at_start": os.getloadavg()}
+                     "viewers_nice": args.viewers_nice, "render_args": args.render_args,
+                     "load_at_start": os.getloadavg()}
     start = time.time()
     log_path = work / "render.log"
     with log_path.open("w") as log:
@@ -200,15 +223,19 @@ def main() -> int:
         handovers = Handovers(url)
         client = None
         if args.viewers:
-            client = subprocess.Popen([sys.executable, __file__, "--seconds", str(args.seconds),
-                                       "--client", url, str(args.viewers), str(work / "viewers.json")])
-        rss, render_cpu, client_cpu = [], None, None
+            client = subprocess.Popen(["nice", "-n", str(args.viewers_nice), sys.executable, __file__,
+                                       "--seconds", str(args.seconds), "--client", url, str(args.viewers),
+                                       str(work / "viewers.json")])
+        rss, render_cpu, client_cpu, sender_cpu = [], None, None, 0.0
         # (the server stays up while it is asked for status.json: --serve-linger)
         while proc.poll() is None and not (handovers.last.get("ended")
                                            and (client is None or client.poll() is not None)):
             time.sleep(2)
-            rss.append((time.time() - start, rss_mb(proc.pid)))
+            senders = children(proc.pid, "rtc_process")
+            mb = rss_mb(proc.pid)
+            rss.append((time.time() - start, mb and mb + sum(rss_mb(k) or 0.0 for k in senders)))
             render_cpu = cpu_s(proc.pid) or render_cpu
+            sender_cpu = max(sender_cpu, sum(cpu_s(k) or 0.0 for k in senders))
             if client is not None:
                 client_cpu = cpu_s(client.pid) or client_cpu
         handovers.stop.set()
@@ -228,7 +255,7 @@ def main() -> int:
     figures.update(
         wall_s=round(wall, 1), summary=summary[-1] if summary else log_path.read_text()[-500:],
         generated_fps=float(speed.group(1)) if speed else None, realtime=float(speed.group(2)) if speed else None,
-        render_cpu_s=render_cpu, load_at_end=os.getloadavg(),
+        render_cpu_s=render_cpu, sender_cpu_s=round(sender_cpu, 2), load_at_end=os.getloadavg(),
         frames_sent=handovers.last.get("frames_sent"), gops_skipped=handovers.last.get("dropped_gops"),
         rss_mb={"after_60_s": round(after[0][1]) if after else None,
                 "last": next((round(m) for _, m in reversed(rss) if m), None),

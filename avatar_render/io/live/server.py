@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable, Collection, Iterator, Optional, Protocol
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.io.live.webrtc import Refused, WebRtcHub
+from avatar_render.io.live.rtc_process import WebRtcProcess
+from avatar_render.io.live.webrtc import Refused
 
 _TYPES = {".m3u8": "application/vnd.apple.mpegurl", ".m4s": "video/iso.segment", ".mp4": "video/mp4"}
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -69,7 +70,7 @@ class WatchServer:
     to the session's audio as it comes, and ``POST /end`` ends it."""
 
     def __init__(self, host: str, port: int, folder: Path, playlist: str, *,
-                 served: Callable[[], Collection[str]], webrtc: Optional[WebRtcHub] = None) -> None:
+                 served: Callable[[], Collection[str]], webrtc: Optional[WebRtcProcess] = None) -> None:
         self.folder, self.playlist, self.served = Path(folder), playlist, served
         self.webrtc = webrtc
         self.status: dict = {"state": "starting", "chunks": 0, "frames": 0, "frames_total": None,

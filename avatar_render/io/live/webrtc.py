@@ -15,6 +15,9 @@ The first viewer sees the first frame: while the page is loading or its connecti
 at most ``_HOLD_S``), the stream does not start; the time it waited is made up at the next keyframe that
 comes within ``_CATCH_UP_S`` of the queue's start (the frames before it are skipped), so that a stream
 held to real time goes back to the live edge.
+
+A render runs the hub in a process of its own (``rtc_process``), where aiortc's per-packet work does
+not take turns with the render for the interpreter's lock.
 """
 
 from __future__ import annotations
@@ -25,14 +28,17 @@ import secrets
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 import av
+import numpy as np
 
-from avatar_render.io.encoder import Fragment
 from avatar_render.io.fmp4 import MuxerState, Tracks
 from avatar_render.io.live.rtc_loop import RtcLoop, addresses_for, packet_track, peer_connection, without_mdns
 from avatar_render.io.live.rtc_media import OPUS_FRAME, OPUS_RATE, VIDEO_CLOCK, OpusFromPcm, annexb, packet
+
+if TYPE_CHECKING:  # (not imported: the viewers' process stays without OpenCV and the config)
+    from avatar_render.io.encoder import Fragment
 
 MAX_VIEWERS = 32
 _ANSWER_TIMEOUT_S = 10.0
@@ -134,6 +140,9 @@ class WebRtcHub:
         except Exception as exc:  # (aiortc's ValueError, OperationError...: an offer it cannot take)
             raise Refused(str(exc) or type(exc).__name__) from None
 
+    def sessions(self) -> list[str]:
+        return list(self._viewers)
+
     def hang_up(self, session: str) -> bool:
         if session not in self._viewers:
             return False
@@ -165,24 +174,29 @@ class WebRtcHub:
         self._audio_format = (tracks.audio_rate, tracks.audio_channels)
 
     def write(self, fragment: Fragment) -> None:
+        self.take(fragment.first_frame, [sample.data for sample in fragment.video], fragment.pcm, fragment.pcm_at)
+
+    def take(self, first_frame: int, video: list[bytes], pcm: Optional[np.ndarray], pcm_at: int) -> None:
+        """A fragment's H.264 access units (AVCC), from frame ``first_frame`` on, and its input audio ((C, n)
+        float32 from input sample ``pcm_at`` on)."""
         items = []
-        for i, sample in enumerate(fragment.video):
-            frame = fragment.first_frame + i
-            data, key = annexb(sample.data, self._extradata)
+        for i, avcc in enumerate(video):
+            frame = first_frame + i
+            data, key = annexb(avcc, self._extradata)
             items.append(_Item(float(frame / self._fps), packet(data, round(frame * VIDEO_CLOCK / self._fps),
                                                                   VIDEO_CLOCK), True, key, frame))
-        if fragment.pcm is not None:  # (the input audio, not the AAC: it comes with its frames)
+        if pcm is not None:  # (the input audio, not the AAC: it comes with its frames)
             if self._media is None:
                 self._media = OpusFromPcm(*self._audio_format)
-                self._audio_at = fragment.pcm_at / self._audio_format[0]
+                self._audio_at = pcm_at / self._audio_format[0]
                 self._audio_pts = round(self._audio_at * OPUS_RATE)
-            for data in self._media.feed(fragment.pcm):
+            for data in self._media.feed(pcm):
                 items.append(_Item(self._audio_at, packet(data, self._audio_pts, OPUS_RATE), False))
                 self._audio_at += OPUS_FRAME / OPUS_RATE
                 self._audio_pts += OPUS_FRAME
         items.sort(key=lambda it: it.at)
-        if fragment.video:
-            self.newest_frame, self.newest_at = fragment.first_frame + len(fragment.video) - 1, time.time()
+        if video:
+            self.newest_frame, self.newest_at = first_frame + len(video) - 1, time.time()
         self._loop.soon(self._append, items)
 
     def end_gop(self) -> None:

@@ -94,7 +94,7 @@ class _FfmpegPipe(Connection):
         self._proc = subprocess.Popen(
             [ffmpeg, "-hide_banner", "-nostdin", "-loglevel", "error", "-probesize", "32768",
              "-analyzeduration", "0", "-f", "mpegts", "-i", "pipe:0", "-c", "copy", "-f", "mpegts", url],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         self._stderr: list[bytes] = []
         self._reader = threading.Thread(target=self._read_stderr, daemon=True, name="srt-ffmpeg-log")
         self._reader.start()
@@ -147,12 +147,9 @@ class RtmpProcess:
     """The RTMP connection, run by ``rtmp_child`` in a process of its own and fed through its standard input."""
 
     def __init__(self, target: LiveTarget, tracks: Tracks) -> None:
-        package_root = str(Path(__file__).resolve().parents[3])  # the child imports this very package
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
-                                                                        os.environ.get("PYTHONPATH")]))}
         self._proc = subprocess.Popen([sys.executable, "-m", "avatar_render.io.live.rtmp_child", target.url],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      env=env)
+                                      env=child_env(), start_new_session=True)
         self._stderr: list[bytes] = []
         self._reader = threading.Thread(target=self._read_stderr, daemon=True, name="rtmp-child-log")
         self._reader.start()
@@ -241,6 +238,15 @@ def connect(target: LiveTarget, tracks: Tracks) -> Sender:
         raise AvatarRenderError(
             "Sending to srt:// needs the ffmpeg command (e.g. apt-get install ffmpeg), which is not on the PATH.")
     return _FfmpegPipe(target, tracks, ffmpeg)
+
+
+def child_env() -> dict:
+    """The environment of a child process that runs this very package (``python -m avatar_render...``).
+    Such children, like the ffmpeg ones, start a session of their own: a terminal's Ctrl-C (sent to its
+    whole process group) reaches the render alone, which ends its streams cleanly and then its children;
+    they would die at once, a lost connection for the render to retry."""
+    package_root = str(Path(__file__).resolve().parents[3])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
 
 
 def reason(exc: BaseException) -> str:
