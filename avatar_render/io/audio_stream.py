@@ -323,12 +323,8 @@ class StreamedAudio:
         if isinstance(self._file, Pieces):
             self._file.end()
         if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            self._process.kill()  # (it only feeds this stream; asked to end, it could wait on the pipe no one reads)
+            self._process.wait()
 
 
 def srt_listener(url: str) -> subprocess.Popen:
