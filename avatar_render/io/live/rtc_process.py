@@ -243,7 +243,7 @@ class _Child:
                 if kind == "write":
                     self.hub.take(*rest)
                 elif kind == "open":
-                    self.hub.open(rest[0], MuxerState(), first_frame=0)
+                    self.hub.open(rest[0])
                 elif kind == "coming":
                     self.hub.coming()
                 elif kind == "close":

@@ -1,8 +1,8 @@
 """WebRTC viewers of ``--serve`` (WHEP: the page POSTs an SDP offer to /whep and gets the answer with
 201 and a Location, which a DELETE hangs up).
 
-One sink for every viewer: the writer hands it each fragment (the file's H.264, and its input audio as
-Opus: ``rtc_media``), and a pacer on aiortc's loop (``rtc_loop``) sends the packets at real time from the
+One hub for every viewer: it is handed each fragment (the file's H.264, and its input audio as Opus:
+``rtc_media``), and a pacer on aiortc's loop (``rtc_loop``) sends the packets at real time from the
 first one, to every viewer at once. The writer never waits here. When generation runs ahead, the pacer's
 queue holds up to ``buffer_s`` seconds; past that its oldest GOP is dropped (viewers jump ahead to the
 next keyframe, which keeps them within ``buffer_s`` of the render). When generation is slower, a packet
@@ -16,8 +16,8 @@ at most ``_HOLD_S``), the stream does not start; the time it waited is made up a
 comes within ``_CATCH_UP_S`` of the queue's start (the frames before it are skipped), so that a stream
 held to real time goes back to the live edge.
 
-A render runs the hub in a process of its own (``rtc_process``), where aiortc's per-packet work does
-not take turns with the render for the interpreter's lock.
+A render runs the hub in a process of its own (``rtc_process``, whose ``WebRtcProcess`` is the writer's
+sink), where aiortc's per-packet work does not take turns with the render for the interpreter's lock.
 """
 
 from __future__ import annotations
@@ -28,17 +28,14 @@ import secrets
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import av
 import numpy as np
 
-from avatar_render.io.fmp4 import MuxerState, Tracks
+from avatar_render.io.fmp4 import Tracks
 from avatar_render.io.live.rtc_loop import RtcLoop, addresses_for, packet_track, peer_connection, without_mdns
 from avatar_render.io.live.rtc_media import OPUS_FRAME, OPUS_RATE, VIDEO_CLOCK, OpusFromPcm, annexb, packet
-
-if TYPE_CHECKING:  # (not imported: the viewers' process stays without OpenCV and the config)
-    from avatar_render.io.encoder import Fragment
 
 MAX_VIEWERS = 32
 _ANSWER_TIMEOUT_S = 10.0
@@ -163,18 +160,11 @@ class WebRtcHub:
                 "ended": self.ended,
                 **({"first_frame": viewer.first_frame, "lapses": viewer.drops} if viewer is not None else {})}
 
-    # The writer's side.
+    # The writer's side (``rtc_process.WebRtcProcess`` is the writer's sink and hands it on).
 
-    @property
-    def failed(self) -> None:
-        return None
-
-    def open(self, tracks: Tracks, start: MuxerState, *, first_frame: int) -> None:
+    def open(self, tracks: Tracks) -> None:
         self._extradata, self._fps = tracks.avc_extradata, tracks.fps
         self._audio_format = (tracks.audio_rate, tracks.audio_channels)
-
-    def write(self, fragment: Fragment) -> None:
-        self.take(fragment.first_frame, [sample.data for sample in fragment.video], fragment.pcm, fragment.pcm_at)
 
     def take(self, first_frame: int, video: list[bytes], pcm: Optional[np.ndarray], pcm_at: int) -> None:
         """A fragment's H.264 access units (AVCC), from frame ``first_frame`` on, and its input audio ((C, n)
@@ -199,14 +189,8 @@ class WebRtcHub:
             self.newest_frame, self.newest_at = first_frame + len(video) - 1, time.time()
         self._loop.soon(self._append, items)
 
-    def end_gop(self) -> None:
-        pass
-
     def close(self) -> None:
         self._loop.soon(self._append, [_END])
-
-    def abort(self) -> None:
-        self.close()
 
     def shutdown(self) -> None:
         """Every viewer hung up and the loop stopped (when the server closes)."""
