@@ -10,7 +10,7 @@ import pytest
 from avatar_render.face import mesh as fm
 from avatar_render.preview.render import render_frame
 from avatar_render.preview.rig import OPEN_LEVELS, contour_t, face_coords
-from avatar_render.preview.shapes import PART_KNEE
+from avatar_render.preview.shapes import PART, PART_KNEE
 from tests.test_preview import rig_for, row
 
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
@@ -131,10 +131,24 @@ def test_a_closed_mouth_parts_visibly_as_soon_as_it_speaks(closed):
     assert np.allclose(example.moved(0.15, 0.0), example.base + 0.15 * example.jaw)
 
 
-def test_rounded_lips_open_on_shade_not_on_lip_grey(closed):
-    """An oo's opening is dark: teeth half in shade were as grey as the lips and read as lips shut."""
+def test_rounded_lips_close_over_the_teeth_and_open_on_the_dark(closed):
+    """Rounding lips close over the teeth, which stay white where they show: no more of the opening is as grey as
+    the lips than unrounded (shaded teeth were, and read as lips shut); an oo is a dark opening, hardly a tooth in
+    it, smaller than the same opening unrounded (most of the closed mouth's parting is taken back)."""
     lips = float(closed.synth.cavity @ LUMA) / 0.38
-    for rounded in (0.4, 0.8):
+    bright = np.percentile(closed.image @ LUMA, 50)
+    shown, off = [], []
+    for rounded in (0.0, 0.4, 0.7, 1.0):
         luma, _, _ = _opening(closed, row(0.5, -rounded))
-        assert (np.abs(luma - lips) >= 40).mean() > 0.75
-        assert np.median(luma) < lips - 40
+        off.append(float((np.abs(luma - lips) >= 40).mean()))
+        shown.append(float((luma > bright).sum()))
+    assert min(off) > off[0] - 0.1 and min(off[2:]) > 0.9
+    assert shown[1] > 0.8 * shown[0] and shown[1] > shown[2] > shown[3] and shown[3] <= 0.05 * shown[0]
+    luma, _, _ = _opening(closed, row(0.5, -1.0))
+    assert np.median(luma) < lips - 40
+
+    def gap(width: float) -> float:
+        moved = closed.mouth.moved(0.3, width)
+        return float((moved[14] - moved[13]) @ closed.mouth.down)  # inner lips' middle points
+
+    assert gap(-1.0) < gap(0.0) - 0.3 * PART * closed.mouth.width_px

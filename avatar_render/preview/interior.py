@@ -10,7 +10,7 @@ is not sharper or cleaner than the picture around it.
 Painted per frame (``paint``), in face coordinates (s along the mouth from its centre, t down the face;
 pixels): the upper teeth hang from the reference's lip line (fixed to the skull: a raised upper lip shows
 more of them), the lower teeth and the tongue ride on the jaw, all under the shadow of the lips' inner
-edges; rounded lips shade the teeth (an "oo" shows little of them).
+edges; rounded lips close over the teeth (an "oo" shows hardly any of them).
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ UPPER_SHOW = (0.075, 0.068, 0.07, 0.055, 0.05)  # how far each upper tooth reach
 LOWER_SHOW = 0.022  # how far the lower incisors rise above the lower lip's line with the jaw, mouth widths
 TONGUE_RISE = 0.02  # the tongue's back above the lower teeth's edge, mouth widths
 ARCH = 0.5  # radius of the dental arch, mouth widths
-# Lips rounded (0..1) less than the first leave the teeth lit, more than the second put them in full shade
-ROUND_SHADE = (0.3, 0.55)
+# Lips rounded (0..1) less than the first leave the teeth as they are; from there to the second the lips close
+# over them (an "oo" shows hardly any, an "oh" their edges), and put what still shows in a little shade
+ROUND_COVER = (0.3, 1.0)
+ROUND_SHADE = 0.2
 _PAD = 0.08  # texture rows above the lip line (behind a raised upper lip), mouth widths
 
 
@@ -206,25 +208,28 @@ def paint(
     # The cavity: darkest just under the upper lip and towards the corners, a little light from the front below.
     q = np.clip((t - moved_up) / gap, 0, 1)
     out = mi.cavity[None, None] * (0.7 + 0.3 * q * (1 - r * r))[..., None]
+    # Rounded lips push forward and close over the teeth: the upper lip down over the upper row, the lower lip
+    # up over the lower (as far as each row shows below or above its lip), and the tongue draws back into the
+    # dark, so an "oo" is a dark opening. (Teeth shaded grey instead read as lips, and looked like dark stripes.)
+    k = min(max((rounded - ROUND_COVER[0]) / (ROUND_COVER[1] - ROUND_COVER[0]), 0.0), 1.0)
+    k = k * k * (3 - 2 * k)
+    low_edge = rest + jaw - _lower_top(mi, s) * (1 - k)
     # The tongue's back, riding on the jaw behind the lower teeth, lit along its top.
-    tongue_top = rest + jaw - mi.width * TONGUE_RISE * (1 - (r / 0.7) ** 2) - _lower_top(mi, s)
+    tongue_top = low_edge - mi.width * TONGUE_RISE * (1 - (r / 0.7) ** 2)
     above = t - tongue_top
-    cover = np.clip(above / max(0.6, 0.01 * width) + 0.5, 0, 1) * np.clip((0.7 - r) / 0.15, 0, 1)
+    cover = np.clip(above / max(0.6, 0.01 * width) + 0.5, 0, 1) * np.clip((0.7 - r) / 0.15, 0, 1) * (1 - 0.8 * k)
     ridge = 0.85 + 0.35 * np.exp(-((above / max(1.0, 0.02 * width)) ** 2))
     out = out + (mi.tongue[None, None] * ridge[..., None] - out) * cover[..., None]
     # The lower teeth, with the jaw; then the upper teeth, fixed to the skull, over everything.
     col = (s - mi.s0).astype(np.float32)
-    low = cv2.remap(mi.lower, col, (t - (rest + jaw - _lower_top(mi, s)) + mi.pad).astype(np.float32), cv2.INTER_LINEAR,
+    low = cv2.remap(mi.lower, col, (t - low_edge + mi.pad).astype(np.float32), cv2.INTER_LINEAR,
                     borderMode=cv2.BORDER_CONSTANT, borderValue=0)
     out = out + (low[..., :3] - out) * low[..., 3:]
-    up = cv2.remap(mi.upper, col, (t - lip_up + mi.pad).astype(np.float32), cv2.INTER_LINEAR,
-                   borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    up = cv2.remap(mi.upper, col, (t - lip_up + k * UPPER_SHOW[0] * width + mi.pad).astype(np.float32),
+                   cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
     teeth = up[..., 3:] + (1 - up[..., 3:]) * low[..., 3:]
     out = out + (up[..., :3] - out) * up[..., 3:]
-    # Rounded lips push forward and put the teeth behind them in deep shade: an "oo" is a dark opening. (Half
-    # shaded teeth were as grey as the lips and read as lips shut.)
-    k = min(max((rounded - ROUND_SHADE[0]) / (ROUND_SHADE[1] - ROUND_SHADE[0]), 0.0), 1.0)
-    out = out * (1 - 0.85 * k * k * (3 - 2 * k) * teeth)
+    out = out * (1 - ROUND_SHADE * k * teeth)
     # The lips' inner edges cast soft shadows: deep under the upper lip, lighter over the lower.
     below_up = np.maximum(t - moved_up, 0) / max(0.8, 0.025 * width)
     above_low = np.maximum(moved_low - t, 0) / max(0.8, 0.02 * width)

@@ -169,7 +169,7 @@ def _mouth_gap(out: np.ndarray, rig: FaceRig, p: np.ndarray, inv: np.ndarray, fw
             lip_low=contour_t(s, teeth.lips[1], rig.mesh),
             moved_up=contour_t(s, upper, rig.mesh),
             moved_low=contour_t(s, lower, rig.mesh),
-            jaw=float(mouth.teeth(float(p[OPEN]))[1] @ mouth.down),
+            jaw=float(mouth.teeth(float(p[OPEN]), float(p[WIDTH]))[1] @ mouth.down),
             rounded=max(-float(p[WIDTH]), 0.0),
             sources=(sx, sy),
         )
@@ -177,7 +177,7 @@ def _mouth_gap(out: np.ndarray, rig: FaceRig, p: np.ndarray, inv: np.ndarray, fw
         region = out[sub.slices].astype(np.float32)
         out[sub.slices] = np.clip(a * content + (1 - a) * region + 0.5, 0, 255).astype(np.uint8)
         return
-    d_up, d_low = mouth.teeth(float(p[OPEN]))
+    d_up, d_low = mouth.teeth(float(p[OPEN]), float(p[WIDTH]))
     b = rig.mouth_bank.rect
     _, ey = rig.mesh.axes()
     ref_up, ref_low = teeth.lips

@@ -19,6 +19,9 @@ JAW_DROP = 0.17  # lower lip travel at open = 1, in mouth widths (a loud open vo
 # shows teeth at rest has them in view at any opening, a closed one showed nothing for its first few pixels.
 PART = 0.06
 PART_KNEE = 0.15  # the parting is complete from this opening on (a level of the rig's warp bank: exact there)
+# Rounded lips close in around a smaller opening: at width -1 they take back this share of the parting (an "oo"
+# is a small hole, not the open mouth of an "a" in the dark). Linear in the width: the bank's blend stays exact.
+ROUND_PART = 0.7
 LIP_RAISE = 0.10  # upper lip travel up, as a fraction of the jaw's
 SEAL_UPPER = 0.25  # share of the lip gap the upper lip closes when the lips press together
 SPREAD = 0.12  # mouth widening at width = 1, as a fraction of the width
@@ -126,16 +129,16 @@ class MouthShape:
             part=PART / JAW_DROP if closed else 0.0,
         )
 
-    def jaw_amount(self, open_: float) -> float:
+    def jaw_amount(self, open_: float, width: float = 0.0) -> float:
         """How far the jaw drops (in units of JAW_DROP mouth widths) at an opening ``open_`` >= 0: piecewise
-        linear, steeper up to PART_KNEE by the parting."""
-        return open_ + self.part * min(open_ / PART_KNEE, 1.0)
+        linear, steeper up to PART_KNEE by the parting, which rounded lips (``width`` < 0) take back."""
+        return open_ + self.part * min(open_ / PART_KNEE, 1.0) * (1.0 - ROUND_PART * min(max(-width, 0.0), 1.0))
 
     def displacement(self, open_: float, width: float) -> np.ndarray:
         """(N, 2) vertex displacements of a mouth shape."""
         out = self.spread * width if width > 0 else self.round * -width
         if open_ >= 0:
-            return out + self.jaw * self.jaw_amount(open_)
+            return out + self.jaw * self.jaw_amount(open_, width)
         # Lips pressed shut (open < 0: this far): the jaw brings the lower lip up most of the way and the
         # upper lip comes down to meet it, across the gap the lips have in this width (rounded lips part
         # a little); each lip moves whole (stretching a lip over the teeth it showed reads as lips apart).
@@ -153,10 +156,10 @@ class MouthShape:
     def moved(self, open_: float, width: float) -> np.ndarray:
         return self.base + self.displacement(open_, width)
 
-    def teeth(self, open_: float) -> tuple[np.ndarray, np.ndarray]:
+    def teeth(self, open_: float, width: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """Travel of the upper and lower teeth (each (2,)): they move with the upper lip and the jaw, never
         with the lips pressing together (the lips close over them)."""
-        o = self.jaw_amount(max(open_, 0.0))
+        o = self.jaw_amount(max(open_, 0.0), width)
         return self.upper_teeth * o, self.lower_teeth * o
 
 

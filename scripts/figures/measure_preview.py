@@ -27,7 +27,9 @@ Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all pr
 * ee/oo (--text with "see" and "sue"): mouth width on the middle frame of each IY and UW phone.
 * silence: frames 30 dB below the loud passages for 0.12 s either side (as ``inspect``).
 * blinks: the eye opening falling under 85 % of its median (the landmark model reads a fully closed eye
-  of the example at 73 % of an open one).
+  of the example at 73 % of an open one). Through spectacle frames the landmark model's lids do not move;
+  ``blinks_per_minute_eye_pixels`` counts them from the pixels as ``avatar-render inspect`` does (the eye
+  regions moved with the head, against the reference's open eyes: ``metrics.blinks``).
 * still: SSIM to the reference after undoing the head's motion (bicubic) (a similarity fitted to rigid landmarks,
   refined by following textured points of the still region from the reference into the frame and fitting a
   similarity to them), over the head and its surroundings without the mouth/jaw region (below a line 0.15 eye
@@ -58,6 +60,7 @@ from avatar_render.face import mesh as fm
 from avatar_render.face.landmarks import LandmarkModel, find_model
 from avatar_render.face.patches import luma
 from avatar_render.io.audio import AudioReader
+from avatar_render.metrics.blinks import EyeClosure
 from avatar_render.metrics.face_track import FaceTracker, lip_aperture, ssim_map, still_mask, undo_head
 from avatar_render.metrics.regions import fitted_reference
 from avatar_render.metrics.series import pearson
@@ -203,6 +206,8 @@ def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None) -
         0,
     )
     lip_luma = float(np.median(ref_luma[lips_region > 0]))
+    closure = EyeClosure(ref)
+    eye_centre = np.array([[b.cx, b.cy, 1.0] for b in closure.boxes]).mean(axis=0)
     gaps, widths, eyes, ssim_still, ssim_bg, teeth, visible, apertures = [], [], [], [], [], [], [], []
     inner_teeth, inner_spread = [], []
     for frame in iter_frames(video):
@@ -219,6 +224,8 @@ def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None) -
         gaps.append(r.lip_gap)
         widths.append(r.mouth_width)
         eyes.append(r.eye_opening)
+        dx, dy = r.head @ eye_centre - eye_centre[:2]
+        closure.update(gray, (float(dx), float(dy)))
         undone = luma(undo_head(frame, r.head))
         s = ssim_map(undone, ref_luma)
         ssim_still.append(float(s[still].mean()))
@@ -302,6 +309,7 @@ def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None) -
         else None,
         "blinks": blink_count(eyes),
         "blinks_per_minute": round(blink_count(eyes) / (n / fps / 60), 1),
+        "blinks_per_minute_eye_pixels": round(closure.result(fps).per_minute, 1),
         "ssim_still_mean": round(float(np.mean(ssim_still)), 4),
         "ssim_still_p5": round(float(np.percentile(ssim_still, 5)), 4),
         "ssim_still_min": round(float(np.min(ssim_still)), 4),

@@ -32,6 +32,7 @@ FIGURES = (
     "widest_third_teeth_frames",
     "widest_third_inner_luma_spread_median",
     "blinks_per_minute",
+    "blinks_per_minute_eye_pixels",
     "ssim_still_mean",
 )
 
