@@ -159,7 +159,9 @@ class ModelConfig:
 @dataclass(frozen=True)
 class RunConfig:
     queue_chunks: int = 1  # chunks the writer may hold before generation waits (memory: one chunk of frames each)
-    no_face: str = "warn"  # no face found in the reference: warn (face assumed at the centre) | error
+    # no face found in the reference: warn (the preview shows the picture still; the models take the face to be
+    # at the centre) | error
+    no_face: str = "warn"
     # decode (and SR) a chunk in a thread of its own while the next chunk is sampled; the frames are the same
     overlap_decode: bool = False
 

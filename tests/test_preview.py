@@ -298,6 +298,21 @@ def test_face_off_centre_and_template_fallback(tmp_path):
         assert np.abs(frame.astype(np.int16) - static.rig.image).max() > 30  # the mouth moved
 
 
+def test_a_picture_without_a_face_is_shown_still(tmp_path):
+    """No face found: a mouth drawn where one is only assumed lands on whatever is there (a tie, a wall), so the
+    picture is shown as it is in every frame, and the warning says so."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    texture = cv2.GaussianBlur(rng.integers(0, 255, (300, 400, 3), dtype=np.uint8), (0, 0), 3)
+    path = tmp_path / "cloth.png"
+    Image.fromarray(texture).save(path)
+    static = rig_for(256, 256, ref=path)
+    assert not static.face_detected and static.landmarks == "fallback" and "shown still" in static.face_note
+    for p in (row(open_=0.8, width=-0.5, blink=1.0, dx=0.02, roll=2.0), row(open_=-1.0, zoom=0.03)):
+        assert np.array_equal(render_frame(static.rig, p), static.rig.image)
+
+
 def test_the_template_on_a_smile_shows_its_teeth_and_shuts_over_them():
     """Without the landmark model, the example's smile: the template's lips opened around its teeth, the rig
     moves them as the reference's own (not a generated interior over split teeth) and lips pressed shut hide them."""

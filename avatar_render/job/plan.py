@@ -184,7 +184,9 @@ def _face(image, cfg: Config) -> str:
     if layout is None:
         if cfg.run.no_face == "error":
             raise AvatarRenderError("No face was found in the reference; place it with face.box=[x,y,w,h], or pass "
-                                    "run.no_face=warn to go on with the face assumed at the centre.")
+                                    "run.no_face=warn to render it without one.")
+        if backend(cfg.backend).rig:
+            return "none found: the picture is shown still (face.box places the face)"
         return "none found: assumed at the image centre (face.box places it)"
     f = layout.face
     return note or f"1 face, {f.w:.0f}x{f.h:.0f} px at x={f.x:.0f}, y={f.y:.0f}"

@@ -186,17 +186,18 @@ def _playlists(live: Optional[Live]) -> dict[str, Path]:
 
 def _check_face(static: StaticConditioning, request: RenderRequest, on_message: OnMessage) -> None:
     cfg = request.config
-    if static.face_note:
-        on_message("warning", static.face_note)
     if static.face_detected or cfg.face.box is not None:
+        if static.face_note:
+            on_message("warning", static.face_note)
         return
     if cfg.run.no_face == "error":
         raise AvatarRenderError(
             f"No face was found in the reference '{Path(request.reference).name}'; place it with "
-            "face.box=[x,y,w,h], or pass run.no_face=warn to go on with the face assumed at the centre."
+            "face.box=[x,y,w,h], or pass run.no_face=warn to render it without one."
         )
-    on_message("warning", "no face was found in the reference; the face was assumed at the image centre (set face.box "
-                          "to place it).")
+    # (the backend says what it does without a face: the preview shows the picture still)
+    on_message("warning", static.face_note or "no face was found in the reference; the face was assumed at the image "
+                                              "centre (set face.box to place it).")
 
 
 def _finished_report(output: Path, cfg) -> RenderReport:

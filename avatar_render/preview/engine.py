@@ -48,7 +48,7 @@ from avatar_render.preview.motion import (
 )
 from avatar_render.preview.phones import PhoneRecognizer, lip_closures, model_dir
 from avatar_render.preview.render import render_frame
-from avatar_render.preview.rig import FaceRig, build_rig
+from avatar_render.preview.rig import FaceRig, build_rig, still_rig
 from avatar_render.preview.script import Script, align_script, read_transcript
 from avatar_render.preview.visemes import mouth_targets
 
@@ -134,7 +134,11 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
             mesh, kind = open_to_teeth(image, template_mesh(layout).mapped(fit)), "template"
         else:
             mesh, kind = template_mesh(fallback_layout(x.width, x.height)), "fallback"
-        static = PreviewStatic(face_detected=detected, rig=build_rig(image, mesh), landmarks=kind, face_note=note)
+        rig = build_rig(image, mesh) if kind != "fallback" else still_rig(image, mesh)
+        if kind == "fallback" and x.video is None:
+            note = ("no face was found in the reference; it is shown still, with the audio (place the face with "
+                    "face.box=[x,y,w,h])")
+        static = PreviewStatic(face_detected=detected, rig=rig, landmarks=kind, face_note=note)
         if x.video is not None:
             dub = dub_source(x, detector=self.detector, landmarks=self.landmarks, face_box=self.face_box,
                              cache_mb=self.cache_mb)

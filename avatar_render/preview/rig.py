@@ -140,9 +140,7 @@ class FaceRig:
 def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     height, width = image.shape[:2]
     skin = _median_colour(image, mesh.at(_CHEEKS))
-    # The inside of the mouth is the dark red of its lining, in shadow, whatever the lips' colour.
-    red = float(skin @ np.array([0.299, 0.587, 0.114], np.float32)) * np.array(_MOUTH_RED, np.float32)
-    interior = (red * np.float32(0.2), red * np.float32(0.38), red * np.float32(0.7))
+    interior = _interior(skin)
     if mesh.mouth_width() < MIN_MOUTH_PX:
         return FaceRig(image=image, mesh=mesh, interior=interior, head=_head_mask(mesh, width, height))
     vertices = mesh_vertices(mesh)
@@ -170,6 +168,21 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
         interior=interior,
         head=head,
     )
+
+
+def still_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
+    """A picture in which no face was found: shown as it is in every frame (a mouth drawn where a face is only
+    assumed lands on whatever is there: a tie, a wall)."""
+    nothing = np.zeros((0, 0), np.float32)
+    head = HeadMask(rect=Rect(0, 0, 0, 0), xs=nothing, ys=nothing, weight=nothing, wx=nothing, wy=nothing,
+                    pivot=(0.0, 0.0), face_width=1.0)
+    return FaceRig(image=image, mesh=mesh, interior=_interior(_median_colour(image, mesh.at(_CHEEKS))), head=head)
+
+
+def _interior(skin: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # The inside of the mouth is the dark red of its lining, in shadow, whatever the lips' colour.
+    red = float(skin @ np.array([0.299, 0.587, 0.114], np.float32)) * np.array(_MOUTH_RED, np.float32)
+    return red * np.float32(0.2), red * np.float32(0.38), red * np.float32(0.7)
 
 
 def mesh_vertices(mesh: fm.FaceMesh) -> np.ndarray:
