@@ -87,6 +87,20 @@ def test_detection_in_a_larger_canvas(detector: FaceDetector, portrait: np.ndarr
     assert abs(found.mouth.cx - 100 - layout.mouth.cx) <= 3 and abs(found.mouth.cy - 300 - layout.mouth.cy) <= 3
 
 
+def test_a_small_face_in_a_large_photo_is_found(detector: FaceDetector, portrait: np.ndarray,
+                                                layout: FaceLayout) -> None:
+    """Too small for the first search (under 24 px in its 640-px copy), found by the second, in a larger one, on
+    a plain backdrop (which skews an equalised histogram)."""
+    canvas = np.full((2000, 3000, 3), 120, np.uint8)
+    side = 320
+    canvas[900 : 900 + side, 2200 : 2200 + side] = cv2.resize(portrait, (side, side), interpolation=cv2.INTER_AREA)
+    k = side / portrait.shape[1]
+    assert layout.face.w * k * 640 / 3000 < 24
+    found = detector.detect(canvas)
+    assert found is not None
+    assert abs(found.mouth.cx - (2200 + k * layout.mouth.cx)) <= 4 and abs(found.mouth.cy - (900 + k * layout.mouth.cy)) <= 4
+
+
 def test_no_face(detector: FaceDetector) -> None:
     assert detector.detect(np.full((480, 640, 3), 128, np.uint8)) is None
     noise = np.random.default_rng(0).integers(0, 256, (240, 320, 3), dtype=np.uint8)

@@ -318,3 +318,23 @@ def test_fit_to_frame_portrait_face_above_centre() -> None:
     out, fit = fit_to_frame(image, 512, 512, focus=(200, 300, 200, 200))
     cy = (400 * fit.scale) - fit.offset_y
     assert out.shape == (512, 512, 3) and 0.40 * 512 < cy < 0.5 * 512
+
+
+def test_fit_to_frame_comes_closer_to_a_small_face() -> None:
+    """A face under MIN_FACE of the frame (a full-length or group photo) is cropped closer, to MIN_FACE, the crop
+    enlarged at most MAX_ZOOM times; the face stays inside, the crop inside the image."""
+    from avatar_render.face.fit import MAX_ZOOM, MIN_FACE
+
+    image = np.zeros((2000, 3000, 3), np.uint8)
+    focus = (2300.0, 950.0, 90.0, 90.0)
+    out, fit = fit_to_frame(image, 512, 512, focus=focus)
+    assert out.shape == (512, 512, 3)
+    assert 90 * fit.scale == pytest.approx(MIN_FACE * 512, rel=0.01)
+    left, top = 2300 * fit.scale - fit.offset_x, 950 * fit.scale - fit.offset_y
+    assert 0 <= left and left + 90 * fit.scale <= 512 and 0 <= top and top + 90 * fit.scale <= 512
+    assert fit.offset_x + 512 <= 3000 * fit.scale + 0.5 and fit.offset_y + 512 <= 2000 * fit.scale + 0.5
+    _, fit = fit_to_frame(np.zeros((600, 600, 3), np.uint8), 512, 512, focus=(300.0, 300.0, 10.0, 10.0))
+    assert fit.scale == pytest.approx(MAX_ZOOM, rel=0.01)  # a 10-px face: enlarged twice, not to 61 px
+    _, fit = fit_to_frame(image, 512, 512, focus=(2300.0, 950.0, 400.0, 400.0))
+    assert fit.scale == pytest.approx(512 / 2000)  # a face large enough: the whole height, as before
+

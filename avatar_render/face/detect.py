@@ -21,6 +21,7 @@ from avatar_render.pipeline.module import Module
 _FACE_CASCADE = "haarcascade_frontalface_alt2.xml"
 _EYE_CASCADES = ("haarcascade_eye.xml", "haarcascade_eye_tree_eyeglasses.xml")
 _DETECT_SIDE = 640  # longest side of the copy the face is searched in
+_SMALL_FACE_SIDE = 1600  # ... and of the one searched again, for smaller faces, when it has none
 _EYE_FACE_WIDTH = 240  # the face is resampled to this width for the eye search
 
 
@@ -66,20 +67,31 @@ class FaceDetector(Module):
         return None if chosen is None else self.layout(image, faces[chosen])
 
     def faces(self, image: np.ndarray) -> tuple[Box, ...]:
-        """Every frontal face in an (H, W, 3) uint8 RGB image, left to right, in its pixels."""
+        """Every frontal face in an (H, W, 3) uint8 RGB image, left to right, in its pixels. Searched in a copy
+        of at most _DETECT_SIDE pixels, faces down to 5 % of its shorter side; where there is none, again in a
+        larger one, down to the cascade's smallest (a face of 90 px in a 3000-px photo)."""
+        boxes = self._search(image, _DETECT_SIDE, small_faces=False)
+        # (and without the histogram's equalisation, which a large plain backdrop skews: a portrait on a flat grey
+        # taking a tenth of the picture is not found with it)
+        for equalize in (True, False):
+            if not boxes:
+                boxes = self._search(image, _SMALL_FACE_SIDE, small_faces=True, equalize=equalize)
+        return tuple(sorted(boxes, key=lambda b: (b.x, b.y)))
+
+    def _search(self, image: np.ndarray, side: int, *, small_faces: bool, equalize: bool = True) -> list[Box]:
         self.load()
         assert self._face is not None
         height, width = image.shape[:2]
-        scale = min(1.0, _DETECT_SIDE / max(height, width))
+        scale = min(1.0, side / max(height, width))
         small = image
         if scale < 1.0:
             small = cv2.resize(image, (round(width * scale), round(height * scale)), interpolation=cv2.INTER_AREA)
-        small = cv2.equalizeHist(cv2.cvtColor(np.ascontiguousarray(small), cv2.COLOR_RGB2GRAY))  # (h, w)
-        min_side = max(24, round(0.05 * min(small.shape)))
+        small = cv2.cvtColor(np.ascontiguousarray(small), cv2.COLOR_RGB2GRAY)  # (h, w)
+        if equalize:
+            small = cv2.equalizeHist(small)
+        min_side = 24 if small_faces else max(24, round(0.05 * min(small.shape)))
         found = self._face.detectMultiScale(small, scaleFactor=1.1, minNeighbors=5, minSize=(min_side, min_side))
-        boxes = [Box(x / scale, y / scale, w / scale, h / scale) for x, y, w, h in
-                 (found.tolist() if len(found) else [])]
-        return tuple(sorted(boxes, key=lambda b: (b.x, b.y)))
+        return [Box(x / scale, y / scale, w / scale, h / scale) for x, y, w, h in (found.tolist() if len(found) else [])]
 
     def choose(self, faces: tuple[Box, ...]) -> int | None:
         """Which of ``faces`` (left to right) is rendered: the index-th, else the largest; None if none is."""

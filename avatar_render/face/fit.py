@@ -11,6 +11,10 @@ import numpy as np
 from avatar_render.errors import AvatarRenderError
 
 
+MIN_FACE = 0.12  # the face's side, as a fraction of the frame's shorter side, below which the crop comes closer
+MAX_ZOOM = 2.0  # ... enlarging the crop at most this much
+
+
 @dataclass(frozen=True)
 class Fit:
     """How reference pixels map into the output frame (continuous pixel-edge coordinates)."""
@@ -33,7 +37,8 @@ def fit_to_frame(
 
     With a focus box (x, y, w, h) in reference pixels (the face), the crop keeps the box inside and
     places its centre near the horizontal centre and a little above the vertical centre, clamped to
-    the image; without one, centre crop.
+    the image; without one, centre crop. A face smaller than ``MIN_FACE`` of the frame's shorter side (a
+    full-length or a group photo) is cropped closer, to that size, the crop enlarged at most ``MAX_ZOOM`` times.
     """
     if width < 1 or height < 1:
         raise AvatarRenderError(f"The output size must be positive, not {width}x{height}.")
@@ -46,6 +51,10 @@ def fit_to_frame(
         x0, y0 = (src_w - crop_w) // 2, (src_h - crop_h) // 2
     else:
         fx, fy, fw, fh = focus
+        closer = max(fw, fh) / (MIN_FACE * min(crop_w, crop_h))  # < 1: the face would be smaller than MIN_FACE
+        closer = max(closer, width / (MAX_ZOOM * crop_w))
+        if closer < 1:
+            crop_w, crop_h = max(1, round(crop_w * closer)), max(1, round(crop_h * closer))
         x0 = _place(fx + fw / 2 - 0.5 * crop_w, fx, fw, crop_w, src_w)
         y0 = _place(fy + fh / 2 - 0.45 * crop_h, fy, fh, crop_h, src_h)
     crop = image[y0 : y0 + crop_h, x0 : x0 + crop_w]  # (crop_h, crop_w, 3)
