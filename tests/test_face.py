@@ -101,6 +101,32 @@ def test_a_small_face_in_a_large_photo_is_found(detector: FaceDetector, portrait
     assert abs(found.mouth.cx - (2200 + k * layout.mouth.cx)) <= 4 and abs(found.mouth.cy - (900 + k * layout.mouth.cy)) <= 4
 
 
+@pytest.mark.parametrize("degrees", [35.0, -50.0])
+def test_a_tilted_head_is_found_in_a_turned_copy(detector: FaceDetector, portrait: np.ndarray, layout: FaceLayout,
+                                                 degrees: float) -> None:
+    """A head tilted further than the upright search sees: found in a turned copy of the picture, its layout
+    mapped back along the tilted eye line, and the landmarks found from it."""
+    from avatar_render.face.detect import choose_face
+    from avatar_render.face.landmarks import LandmarkModel, find_model
+
+    canvas = np.full((900, 900, 3), 255, np.uint8)
+    canvas[194:706, 194:706] = portrait
+    turn = cv2.getRotationMatrix2D((450.0, 450.0), degrees, 1.0)  # (counter-clockwise on screen)
+    tilted = cv2.warpAffine(canvas, turn, (900, 900), borderValue=(255, 255, 255))
+    assert not detector.faces(tilted)
+    found, _ = choose_face(tilted, detector, None)
+    assert found is not None and found.detected
+    assert abs(np.degrees(found.roll) + degrees) < 6  # the eye line turned with the picture
+    mouth = turn @ (194 + layout.mouth.cx, 194 + layout.mouth.cy, 1.0)
+    assert np.hypot(found.mouth.cx - mouth[0], found.mouth.cy - mouth[1]) < 0.15 * layout.face.w
+    path = find_model()
+    if path is not None:
+        mesh = LandmarkModel(path).from_box(tilted, found.face, found.roll)
+        assert mesh is not None
+        a, b = mesh.points[33], mesh.points[263]  # the outer eye corners
+        assert abs(np.degrees(np.arctan2(b[1] - a[1], b[0] - a[0])) + degrees) < 4
+
+
 def test_no_face(detector: FaceDetector) -> None:
     assert detector.detect(np.full((480, 640, 3), 128, np.uint8)) is None
     noise = np.random.default_rng(0).integers(0, 256, (240, 320, 3), dtype=np.uint8)

@@ -23,6 +23,9 @@ _EYE_CASCADES = ("haarcascade_eye.xml", "haarcascade_eye_tree_eyeglasses.xml")
 _DETECT_SIDE = 640  # longest side of the copy the face is searched in
 _SMALL_FACE_SIDE = 1600  # ... and of the one searched again, for smaller faces, when it has none
 _EYE_FACE_WIDTH = 240  # the face is resampled to this width for the eye search
+# Heads tilted further than the cascade sees (about 15-20 degrees): searched for in copies of the picture turned
+# by these angles, when it shows no upright face
+_ROLLS = (25.0, -25.0, 45.0, -45.0)
 
 
 class FaceDetector(Module):
@@ -92,6 +95,37 @@ class FaceDetector(Module):
         min_side = 24 if small_faces else max(24, round(0.05 * min(small.shape)))
         found = self._face.detectMultiScale(small, scaleFactor=1.1, minNeighbors=5, minSize=(min_side, min_side))
         return [Box(x / scale, y / scale, w / scale, h / scale) for x, y, w, h in (found.tolist() if len(found) else [])]
+
+    def tilted(self, image: np.ndarray) -> FaceLayout | None:
+        """The layout of the largest face found in a copy of an (H, W, 3) uint8 RGB image turned by one of
+        ``_ROLLS``, mapped back (its eyes along the tilted eye line, ``roll`` set); None if there is none."""
+        height, width = image.shape[:2]
+        scale = min(1.0, _DETECT_SIDE / max(height, width))
+        small = image if scale == 1.0 else cv2.resize(
+            image, (round(width * scale), round(height * scale)), interpolation=cv2.INTER_AREA)
+        h, w = small.shape[:2]
+        for degrees in _ROLLS:
+            # (turned about the middle, on a canvas that holds all of it)
+            turn = cv2.getRotationMatrix2D((w / 2, h / 2), degrees, 1.0)
+            c, s = abs(turn[0, 0]), abs(turn[0, 1])
+            size = (int(np.ceil(w * c + h * s)), int(np.ceil(w * s + h * c)))
+            turn[:, 2] += (size[0] - w) / 2, (size[1] - h) / 2
+            turned = cv2.warpAffine(small, turn, size, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+            faces = self._search(turned, max(size), small_faces=False)
+            if not faces:
+                continue
+            found = self.layout(turned, max(faces, key=lambda b: b.w * b.h))
+            back = cv2.invertAffineTransform(turn) / scale  # turned pixels -> the image's
+
+            def undo(box: Box) -> Box:
+                x, y = back[:, :2] @ (box.cx, box.cy) + back[:, 2]
+                return Box.around(float(x), float(y), box.w / scale, box.h / scale)
+
+            left, right = undo(found.left_eye), undo(found.right_eye)
+            roll = float(np.arctan2(right.cy - left.cy, right.cx - left.cx))
+            return FaceLayout(face=undo(found.face), left_eye=left, right_eye=right, mouth=undo(found.mouth),
+                              detected=True, roll=roll)
+        return None
 
     def choose(self, faces: tuple[Box, ...]) -> int | None:
         """Which of ``faces`` (left to right) is rendered: the index-th, else the largest; None if none is."""
@@ -180,7 +214,7 @@ def choose_face(image: np.ndarray, detector: FaceDetector,
         raise AvatarRenderError(f"face.index={detector.index} asks for the face {_ordinal(detector.index)} from the "
                                 f"left, but {_count(len(faces))} found in the reference.")
     if chosen is None:
-        return None, ""
+        return (detector.tilted(image) if detector.index is None else None), ""
     note = ""
     if len(faces) > 1:
         f = faces[chosen]

@@ -102,11 +102,13 @@ class LandmarkModel(Module):
         self._outputs = [names[sizes.index(NUM_POINTS * 3)], names[sizes.index(1)]]
         self._net = net
 
-    def from_box(self, image: np.ndarray, box: Box) -> FaceMesh | None:
-        """Landmarks of the face in ``box`` (a detector's face box) of an (H, W, 3) uint8 RGB image; None if
-        the model sees no face there. The crop is refined twice from the landmarks themselves."""
+    def from_box(self, image: np.ndarray, box: Box, roll: float = 0.0) -> FaceMesh | None:
+        """Landmarks of the face in ``box`` (a detector's face box) of an (H, W, 3) uint8 RGB image, its eye line
+        at ``roll`` radians; None if the model sees no face there. The crop is refined twice from the landmarks
+        themselves."""
         side = 1.7 * max(box.w, box.h)
-        roi = Roi(box.cx, box.cy + 0.08 * box.h, side, 0.0)
+        down = 0.08 * box.h
+        roi = Roi(box.cx - down * math.sin(roll), box.cy + down * math.cos(roll), side, roll)
         mesh = None
         for _ in range(3):
             found = self.run(image, roi)

@@ -52,6 +52,7 @@ class FaceLayout:
     right_eye: Box
     mouth: Box  # the lips region, closed mouth
     detected: bool  # False when it came from the fallback or a configured box
+    roll: float = 0.0  # radians, the eye line's angle where the face was found in a turned copy of the picture
 
     def mapped(self, fit: Fit) -> FaceLayout:
         """Into output pixel coordinates."""
@@ -61,6 +62,7 @@ class FaceLayout:
             right_eye=self.right_eye.scaled(fit),
             mouth=self.mouth.scaled(fit),
             detected=self.detected,
+            roll=self.roll,
         )
 
 

@@ -127,7 +127,7 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
         image, fit = fit_to_frame(x.reference, x.width, x.height, focus=focus)
         mesh: FaceMesh | None = None
         if layout is not None and self.landmarks is not None:
-            mesh = self.landmarks.from_box(x.reference, layout.face)
+            mesh = self.landmarks.from_box(x.reference, layout.face, layout.roll)
         if mesh is not None:
             mesh, kind = mesh.mapped(fit), "model"
         elif layout is not None:
