@@ -94,7 +94,8 @@ class FaceDetector(Module):
             small = cv2.equalizeHist(small)
         min_side = 24 if small_faces else max(24, round(0.05 * min(small.shape)))
         found = self._face.detectMultiScale(small, scaleFactor=1.1, minNeighbors=5, minSize=(min_side, min_side))
-        return [Box(x / scale, y / scale, w / scale, h / scale) for x, y, w, h in (found.tolist() if len(found) else [])]
+        return [Box(x / scale, y / scale, w / scale, h / scale)
+                for x, y, w, h in (found.tolist() if len(found) else [])]
 
     def tilted(self, image: np.ndarray) -> FaceLayout | None:
         """The layout of the largest face found in a copy of an (H, W, 3) uint8 RGB image turned by one of

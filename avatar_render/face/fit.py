@@ -10,7 +10,6 @@ import numpy as np
 
 from avatar_render.errors import AvatarRenderError
 
-
 MIN_FACE = 0.12  # the face's side, as a fraction of the frame's shorter side, below which the crop comes closer
 MAX_ZOOM = 2.0  # ... enlarging the crop at most this much
 
