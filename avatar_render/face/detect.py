@@ -69,15 +69,16 @@ class FaceDetector(Module):
         chosen = self.choose(faces)
         return None if chosen is None else self.layout(image, faces[chosen])
 
-    def faces(self, image: np.ndarray) -> tuple[Box, ...]:
+    def faces(self, image: np.ndarray, *, thorough: bool = False) -> tuple[Box, ...]:
         """Every frontal face in an (H, W, 3) uint8 RGB image, left to right, in its pixels. Searched in a copy
-        of at most _DETECT_SIDE pixels, faces down to 5 % of its shorter side; where there is none, again in a
-        larger one, down to the cascade's smallest (a face of 90 px in a 3000-px photo)."""
+        of at most _DETECT_SIDE pixels, faces down to 5 % of its shorter side; ``thorough`` (a reference, looked
+        at once; not a video's frames): where there is none, again in a larger one, down to the cascade's
+        smallest (a face of 90 px in a 3000-px photo)."""
         boxes = self._search(image, _DETECT_SIDE, small_faces=False)
         # (and without the histogram's equalisation, which a large plain backdrop skews: a portrait on a flat grey
         # taking a tenth of the picture is not found with it)
         for equalize in (True, False):
-            if not boxes:
+            if thorough and not boxes:
                 boxes = self._search(image, _SMALL_FACE_SIDE, small_faces=True, equalize=equalize)
         return tuple(sorted(boxes, key=lambda b: (b.x, b.y)))
 
@@ -209,7 +210,7 @@ def choose_face(image: np.ndarray, detector: FaceDetector,
     found is refused."""
     if face_box:
         return layout_from_box(Box(*map(float, face_box))), ""
-    faces = detector.faces(image)
+    faces = detector.faces(image, thorough=True)
     chosen = detector.choose(faces)
     if detector.index is not None and chosen is None:
         raise AvatarRenderError(f"face.index={detector.index} asks for the face {_ordinal(detector.index)} from the "

@@ -20,7 +20,7 @@ class LipOpening:
     """Per frame: the inner-lip opening (NaN where no face is found)."""
 
     def __init__(self, model: LandmarkModel, reference: Reference) -> None:
-        mesh = model.from_box(reference.image, reference.layout.face)
+        mesh = model.from_box(reference.image, reference.layout.face, reference.layout.roll)
         if mesh is None:
             raise ValueError("no landmarks on the reference")
         self.model, self.scale = model, mesh.eye_distance

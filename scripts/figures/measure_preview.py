@@ -165,7 +165,7 @@ def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None) -
     fps = float(info.fps)
     ref = fitted_reference(ref_path, info.width, info.height)
     model = LandmarkModel(path)
-    ref_mesh = model.from_box(ref.image, ref.layout.face)
+    ref_mesh = model.from_box(ref.image, ref.layout.face, ref.layout.roll)
     if ref_mesh is None:
         sys.exit("No face landmarks found in the reference.")
     scale = ref_mesh.eye_distance

@@ -38,7 +38,7 @@ def main() -> None:
     info = probe_video(args.video)
     ref = fitted_reference(args.ref, info.width, info.height)
     model = LandmarkModel(path)
-    ref_mesh = model.from_box(ref.image, ref.layout.face)
+    ref_mesh = model.from_box(ref.image, ref.layout.face, ref.layout.roll)
     if ref_mesh is None:
         sys.exit("No face landmarks found in the reference.")
     tracker = FaceTracker(model, ref_mesh)
