@@ -213,7 +213,8 @@ def paint(
     # dark, so an "oo" is a dark opening. (Teeth shaded grey instead read as lips, and looked like dark stripes.)
     k = min(max((rounded - ROUND_COVER[0]) / (ROUND_COVER[1] - ROUND_COVER[0]), 0.0), 1.0)
     k = k * k * (3 - 2 * k)
-    low_edge = rest + jaw - _lower_top(mi, s) * (1 - k)
+    # (the lower lip pushed out and down past the jaw's travel takes the lower teeth's edge down with it)
+    low_edge = rest + jaw - _lower_top(mi, s) * (1 - k) + k * np.maximum(moved_low - (rest + jaw), 0)
     # The tongue's back, riding on the jaw behind the lower teeth, lit along its top.
     tongue_top = low_edge - mi.width * TONGUE_RISE * (1 - (r / 0.7) ** 2)
     above = t - tongue_top
