@@ -38,6 +38,18 @@
 # F3. load (scripts/bench/bench_load.py, limit 80 s): 4 of the 14B DiT's 40 blocks written as 7 shards and read
 #     back one file after the other to the host then the GPU (before) and side by side straight to the
 #     GPU (now): seconds and GB/s, and what that makes of the 40-block DiT.
+#
+#   scripts/gpu/gpu_check.sh OUT_DIR short   # the headline figures in about 8 minutes, into OUT_DIR:
+#
+# S1. sr (limit 90 s): part 5 above (SwiftVR at 720p and 1080p output, resident and streamed, the guard, the
+#     2x decoder) -> OUT_DIR/sr.json.
+# S2. sr_switches (limit 110 s): part 7 above, SR DiT resident (per-stage ms, switches, first frame, peak GPU);
+#     SR_CONFIG=configs/tiny-sr.yaml rehearses the mode on a CPU.
+# S3. first_frame (limit 130 s): F1's pipeline part alone (gpu_levers.py --pipeline-only, two full chunks a
+#     request): cold and warm first frame, first sampled frames, fps with run.overlap_decode off and on.
+# S4. levers (limit 170 s): F1's passes at 768x448 only (each lever alone, then all that help) -> OUT_DIR/levers.json.
+# S5. load (limit 45 s): F3 with 2 blocks -> OUT_DIR/load.json.
+# Only the JSON files and the output are written under OUT_DIR (the parts' logs go to a temporary folder).
 # The figures go to docs/gpu_levers_<gpu>.json, docs/gpu_first_frame_<gpu>.json and docs/gpu_load_<gpu>.json
 # (docs/benchmarks.md, "First frame and throughput levers", says how to read them), the logs to OUT_DIR.
 set -u
@@ -49,11 +61,13 @@ seconds=${SECONDS_OF_AUDIO:-6}
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
 
+logs=$out
+[ "$only" = short ] && logs=$(mktemp -d)
 part() {  # part NAME LIMIT_S COMMAND...
   local name=$1 limit=$2 t=$SECONDS
   shift 2
   echo "=== $name"
-  timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
+  timeout "$limit" "$@" 2>&1 | tee "$logs/$name.log"
   echo "=== $name: exit ${PIPESTATUS[0]} after $((SECONDS - t)) s"
 }
 
@@ -69,6 +83,16 @@ with wave.open("examples/talk.wav") as src, wave.open(dst, "wb") as w:
     w.writeframes(src.readframes(int(seconds * src.getframerate())))
 EOF
 box='face.box=[178,69,92,92]'  # the example face: no face-detector files needed on the GPU machine
+if [ "$only" = short ]; then
+  part sr "${SR_LIMIT:-90}" "$py" scripts/gpu/gpu_check.py --sr --out "$out/sr.json"
+  part sr_switches "${SWITCH_LIMIT:-110}" "$py" scripts/bench/bench_dist.py -c "${SR_CONFIG:-configs/flashtalk-sr720p.yaml}" --seconds 3 "$box"
+  part first_frame "${FIRST_LIMIT:-130}" "$py" scripts/gpu/gpu_levers.py --pipeline-only --chunks 2 --json "$out/first_frame.json"
+  part levers "${LEVERS_LIMIT:-170}" "$py" scripts/gpu/gpu_levers.py --no-pipeline --sizes 768x448 --repeats 2 \
+    --only baseline,cache_kv,flash,efficient,cudnn,cuda_graphs,fp8,compile,best --json "$out/levers.json"
+  part load "${LOAD_LIMIT:-45}" "$py" scripts/bench/bench_load.py --layers 2 --json "$out/load.json"
+  echo "=== short: done after $SECONDS s"
+  exit 0
+fi
 if [ "$only" = firstframe ]; then
   tag=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '[A-Z][0-9]{2,4}[A-Z]*' | head -1 | tr 'A-Z' 'a-z')
   tag=${tag:-gpu}
