@@ -25,7 +25,7 @@ import torch
 
 from avatar_render.infinitetalk.sr_guard import FaceGuard, GuardSettings, TrackState, log
 from avatar_render.infinitetalk.stage_io import Decoded, ModelStatic
-from avatar_render.infinitetalk.stages import to_host
+from avatar_render.infinitetalk.stages import to_host, to_host_later
 from avatar_render.models.sr.geometry import Cover
 from avatar_render.models.sr.swiftvr_stream import SwiftState, SwiftVRStream
 from avatar_render.pipeline.module import Module
@@ -70,6 +70,7 @@ class SRStage(Stage[Decoded, Frames]):
         self.size = size  # (width, height) of the output
         self.stream = stream  # None: scale the decoded frames only
         self.guard = guard or GuardSettings()
+        self._face: Optional[tuple[ModelStatic, Cover, FaceGuard]] = None  # the request's guard, built once
         self.writes = writes  # False in the processes of a launch that do not write: no frames to the host
 
     def modules(self) -> tuple[Module, ...]:
@@ -90,8 +91,9 @@ class SRStage(Stage[Decoded, Frames]):
         if self.stream is None:
             return self._frames(x.start, upscale(lowres, cover)), carry
         lowres_u8 = unit_to_uint8(lowres)  # the model reads 8-bit frames, as from a video file
-        face = FaceGuard(reference=static.reference, layout=static.layout, cover=cover, settings=self.guard)
-        tracked = _TRACKING.submit(face.track, lowres_u8.cpu().numpy(), carry.track)  # on the host, while the SR runs
+        face = self._guard(static, cover)
+        host = to_host_later(lowres_u8)
+        tracked = _TRACKING.submit(lambda: face.track(host(), carry.track))  # on the host, while the SR runs
         sr, model = self.stream.step(lowres_u8, carry.model)
         lowres_up = upscale(lowres_u8.permute(0, 3, 1, 2).float() / 255, cover)
         if x.fidelity is not None:
@@ -111,6 +113,13 @@ class SRStage(Stage[Decoded, Frames]):
         carry = SRCarry(model=model, track=track, chunks=carry.chunks + 1,
                         fallbacks=carry.fallbacks + result.fell_back, lowest=lowest)
         return self._frames(x.start, result.frames), carry
+
+    def _guard(self, static: ModelStatic, cover: Cover) -> FaceGuard:
+        """The face guard of this request (its reference descriptor and tracker are the same every chunk)."""
+        if self._face is None or self._face[0] is not static or self._face[1] != cover:
+            self._face = static, cover, FaceGuard(reference=static.reference, layout=static.layout, cover=cover,
+                                                  settings=self.guard)
+        return self._face[2]
 
     def _frames(self, start: int, frames: torch.Tensor) -> Frames:
         if not self.writes:

@@ -46,12 +46,25 @@ def to_host(pixels: torch.Tensor) -> np.ndarray:
     From a GPU the bytes land in pinned host memory, a fast copy without page faults; the array keeps
     its block, which PyTorch's pinned-memory cache hands out again once the writer is done with it.
     """
+    return to_host_later(pixels)()
+
+
+def to_host_later(pixels: torch.Tensor) -> Callable[[], np.ndarray]:
+    """``to_host`` in two halves: the copy is queued now, and the returned call waits for it alone (not for
+    the GPU work queued after it), so a host thread can take the frames while the GPU goes on."""
     if pixels.device.type != "cuda":
-        return pixels.cpu().numpy()
-    host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
-    host.copy_(pixels, non_blocking=True)
-    torch.cuda.current_stream(pixels.device).synchronize()
-    return host.numpy()
+        host = pixels.cpu().numpy()
+        return lambda: host
+    out = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
+    out.copy_(pixels, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(pixels.device))
+
+    def wait() -> np.ndarray:
+        done.synchronize()
+        return out.numpy()
+
+    return wait
 
 
 class ModelInit(Stage[RequestInput, ModelStatic]):

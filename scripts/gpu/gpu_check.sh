@@ -44,8 +44,8 @@
 # S1. sr (limit 90 s): part 5 above (SwiftVR at 720p and 1080p output, resident and streamed, the guard, the
 #     2x decoder) -> OUT_DIR/sr.json.
 # S2. sr_switches (limit 110 s): part 7 above, SR DiT resident (per-stage ms, switches, first frame, peak GPU);
-#     SR_CONFIG=configs/tiny-sr.yaml rehearses the mode on a CPU.
-# S3. first_frame (limit 130 s): F1's pipeline part alone (gpu_levers.py --pipeline-only, two full chunks a
+#     SR_CONFIG=configs/tiny-sr.yaml (with LOAD_ARGS="--layers 2 --dim 256") rehearses the mode on a CPU.
+# S3. first_frame (limit 170 s): F1's pipeline part alone (gpu_levers.py --pipeline-only, three full chunks a
 #     request): cold and warm first frame, first sampled frames, fps with run.overlap_decode off and on.
 # S4. levers (limit 170 s): F1's passes at 768x448 only (each lever alone, then all that help) -> OUT_DIR/levers.json.
 # S5. load (limit 45 s): F3 with 2 blocks -> OUT_DIR/load.json.
@@ -86,10 +86,11 @@ box='face.box=[178,69,92,92]'  # the example face: no face-detector files needed
 if [ "$only" = short ]; then
   part sr "${SR_LIMIT:-90}" "$py" scripts/gpu/gpu_check.py --sr --out "$out/sr.json"
   part sr_switches "${SWITCH_LIMIT:-110}" "$py" scripts/bench/bench_dist.py -c "${SR_CONFIG:-configs/flashtalk-sr720p.yaml}" --seconds 3 "$box"
-  part first_frame "${FIRST_LIMIT:-130}" "$py" scripts/gpu/gpu_levers.py --pipeline-only --chunks 2 --json "$out/first_frame.json"
+  part first_frame "${FIRST_LIMIT:-170}" "$py" scripts/gpu/gpu_levers.py --pipeline-only --chunks 3 --json "$out/first_frame.json"
   part levers "${LEVERS_LIMIT:-170}" "$py" scripts/gpu/gpu_levers.py --no-pipeline --sizes 768x448 --repeats 2 \
-    --only baseline,cache_kv,flash,efficient,cudnn,cuda_graphs,fp8,compile,best --json "$out/levers.json"
-  part load "${LOAD_LIMIT:-45}" "$py" scripts/bench/bench_load.py --layers 2 --json "$out/load.json"
+    --only "${LEVERS:-baseline,cache_kv,flash,efficient,cudnn,cuda_graphs,fp8,compile,best}" --json "$out/levers.json"
+  # shellcheck disable=SC2086
+  part load "${LOAD_LIMIT:-45}" "$py" scripts/bench/bench_load.py ${LOAD_ARGS:---layers 2} --json "$out/load.json"
   echo "=== short: done after $SECONDS s"
   exit 0
 fi
