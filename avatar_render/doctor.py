@@ -6,6 +6,10 @@ import importlib.metadata
 import os
 import platform
 
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+
 from avatar_render.backends import BACKENDS, Check
 from avatar_render.infinitetalk.checks import MODEL_INSTALL
 
@@ -17,13 +21,38 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _required() -> dict[str, str]:
+    """{distribution: version specifier} of avatar-render's own dependencies, as installed (empty when its
+    metadata is not there, e.g. run from a checkout that was never installed)."""
+    try:
+        lines = importlib.metadata.requires("avatar-render") or []
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    out = {}
+    for line in lines:
+        req = Requirement(line)
+        if req.marker is None:
+            out[canonicalize_name(req.name)] = str(req.specifier)
+    return out
+
+
+def _dependency(dist: str, version: str | None, required: dict[str, str]) -> Check:
+    if version is None:
+        return Check("versions", dist, False, "not installed: pip install -e .")
+    spec = required.get(canonicalize_name(dist), "")
+    if spec and not SpecifierSet(spec).contains(version, prereleases=True):
+        return Check("versions", dist, False, f"{version}, outside what avatar-render is tested with: pip install "
+                                              f"'{dist}{spec}'")
+    return Check("versions", dist, True, version)
+
+
 def diagnose(cfg=None) -> list[Check]:
     """Everything below, and what each backend says of itself (with a config that selects the diffusion
     backend and sets model.root, its weight files)."""
     checks = [Check("versions", "python", True, platform.python_version())]
+    required = _required()
     for dist in ("avatar-render", "numpy", "av", "opencv-python-headless", "pillow", "omegaconf", "typer", "rich"):
-        v = _version(dist)
-        checks.append(Check("versions", dist, v is not None, v or "not installed: pip install -e ."))
+        checks.append(_dependency(dist, _version(dist), required))
     torch = _version("torch")
     checks.append(Check("versions", "torch", torch is not None,
                         torch or f"not installed; only the infinitetalk backend needs it: {MODEL_INSTALL}"))

@@ -40,3 +40,29 @@ def test_every_hint_is_printed_as_written(monkeypatch, missing):
     assert set(printed) == set(checks)
     for name, (ok, detail) in printed.items():
         assert (ok, detail) == ("yes" if checks[name].ok else "no", checks[name].detail)
+
+
+def test_a_version_outside_the_pins_is_not_ok_and_the_hint_names_the_pin(monkeypatch):
+    real = doctor._version
+    monkeypatch.setattr(doctor, "_version", lambda dist: "5.0.0" if dist == "opencv-python-headless" else real(dist))
+    checks = {c.name: c for c in doctor.diagnose()}
+    assert not checks["opencv-python-headless"].ok
+    assert checks["opencv-python-headless"].detail == ("5.0.0, outside what avatar-render is tested with: "
+                                                       "pip install 'opencv-python-headless<5,>=4.8'")
+    assert checks["numpy"].ok and checks["av"].ok  # the installed ones are within their pins
+
+
+def test_opencv_without_the_hog_descriptor_gets_one_sentence(monkeypatch):
+    import cv2
+    import numpy as np
+
+    from avatar_render.errors import AvatarRenderError
+    from avatar_render.face import identity
+
+    identity._hog.cache_clear()
+    monkeypatch.delattr(cv2, "HOGDescriptor")
+    try:
+        with pytest.raises(AvatarRenderError, match=r"lacks: pip install 'opencv-python-headless>=4.8,<5'\.$"):
+            identity.face_descriptor(np.zeros((120, 120), np.float32))
+    finally:
+        identity._hog.cache_clear()
