@@ -39,9 +39,11 @@ SKIN_TEXTURE = _texture(2, 1.5)
 
 
 def face_frame(*, mouth: float = 0.0, eyes: float = 0.0, shift=(0.0, 0.0), tint=(0, 0, 0),
-               other_face: bool = False) -> np.ndarray:
+               other_face: bool = False, eye_open: float = 1.0) -> np.ndarray:
     """(SIZE, SIZE, 3) uint8: a drawn face at FACE with the mouth open by ``mouth`` (0..1) and the eyes
-    closed by ``eyes`` (0..1), the whole picture moved by ``shift`` pixels and offset by ``tint``."""
+    closed by ``eyes`` (0..1), the whole picture moved by ``shift`` pixels and offset by ``tint``;
+    ``eye_open`` < 1 draws narrower eyes (a smile's slit between the creases of the lid and the cheek),
+    which close by narrowing to nothing: the skin and creases around them stay as they are."""
     lay = layout_from_box(Box(*FACE))
     big = np.empty((SIZE * SS, SIZE * SS, 3), np.float32)
     big[:] = (90, 110, 140)
@@ -59,9 +61,19 @@ def face_frame(*, mouth: float = 0.0, eyes: float = 0.0, shift=(0.0, 0.0), tint=
     big += (SKIN_TEXTURE * 8 * face_mask)[..., None]
     cv2.line(big, (s(f.cx), s(f.cy - 6)), (s(f.cx + 3), s(f.cy + 8)), (150, 105, 90), 2 * SS)  # nose
     for e in (lay.left_eye, lay.right_eye):
-        cv2.ellipse(big, (s(e.cx), s(e.cy)), (s(e.w * 0.45), s(e.h * 0.5)), 0, 0, 360, (245, 245, 240), -1)
-        cv2.circle(big, (s(e.cx), s(e.cy)), s(e.h * 0.45), (40, 30, 25), -1)
-        if eyes > 0:  # the lid comes down from the top of the eye
+        narrow = eye_open < 1
+        slit = np.zeros(big.shape[:2], np.uint8)
+        half = e.h * 0.5 * eye_open * ((1 - eyes) if narrow else 1)
+        if half > 0:
+            cv2.ellipse(slit, (s(e.cx), s(e.cy)), (s(e.w * 0.45), s(half)), 0, 0, 360, 1, -1)
+        eye = np.zeros_like(big)
+        eye[:] = (245, 245, 240)
+        cv2.circle(eye, (s(e.cx), s(e.cy)), s(e.h * 0.45), (40, 30, 25), -1)
+        big[slit > 0] = eye[slit > 0]
+        for dy in (-0.55, 0.55) if narrow else ():
+            cv2.ellipse(big, (s(e.cx), s(e.cy + dy * e.h)), (s(e.w * 0.5), s(e.h * 0.2)), 0, 200 if dy < 0 else 20,
+                        340 if dy < 0 else 160, (70, 45, 40), 2 * SS)
+        if eyes > 0 and not narrow:  # the lid comes down from the top of the eye
             top = e.cy - e.h * 0.6
             cv2.rectangle(big, (s(e.x - 1), s(top)), (s(e.x + e.w + 1), s(top + eyes * e.h * 1.2)), (200, 155, 130), -1)
     m = lay.mouth
@@ -220,6 +232,27 @@ def test_blinks_are_counted_at_their_times(tmp_path):
     assert r.blinks.count == len(starts)
     assert np.allclose(r.blinks.times_s, np.array(starts) / FPS, atol=2 / FPS)
     assert r.blinks.per_minute == pytest.approx(len(starts) / (110 / FPS / 60))
+
+
+def test_blinks_of_narrow_eyes_are_counted_and_a_moving_head_has_none(tmp_path):
+    """A smile's narrow eyes: the slit is a small part of the eye region, and a blink covers it (the whole
+    region's change was under the bar that keeps head motion out). A swaying, shaking head with the same
+    eyes open throughout has no blink."""
+    starts = [20, 55, 85]
+    shape = [0.4, 0.8, 1.0, 1.0, 0.7, 0.3]
+
+    def closure(i: int) -> float:
+        return next((shape[i - s] for s in starts if 0 <= i - s < len(shape)), 0.0)
+
+    narrow = write_video(tmp_path / "narrow.mp4", (face_frame(eyes=closure(i), eye_open=0.3) for i in range(110)))
+    r = inspect_video(narrow, face_box=FACE)
+    assert r.blinks.count == len(starts)
+    assert np.allclose(r.blinks.times_s, np.array(starts) / FPS, atol=2 / FPS)
+    rng = np.random.default_rng(1)
+    moves = [(3.0 * np.sin(2 * np.pi * i / 40) + rng.uniform(-1, 1), 2.0 * np.cos(2 * np.pi * i / 30))
+             for i in range(110)]
+    moving = write_video(tmp_path / "moving.mp4", (face_frame(shift=p, eye_open=0.3) for p in moves))
+    assert inspect_video(moving, face_box=FACE).blinks.count == 0
 
 
 def test_head_motion_smooth_against_shaky(tmp_path):

@@ -55,7 +55,7 @@ class Series:
     identity: np.ndarray  # similarity
     mouth: np.ndarray  # the inner-lip opening (eye distances) where landmarks are found, else mouth activity (grey)
     speech_rms: np.ndarray | None  # audio RMS per frame
-    eyes: np.ndarray  # eye closure, grey levels
+    eyes: np.ndarray  # eye closure: the eyes' dark core brighter than in the reference, grey levels
     head: np.ndarray  # (T, 2) face shift, pixels
     sharpness: np.ndarray  # variance of the Laplacian of the face patch
     mouth_is_lips: bool = False  # mouth: the inner-lip opening (else the mouth region's motion)

@@ -89,7 +89,7 @@ def plot_inspect(r: InspectResult, path: str | Path) -> Path:
     if r.blinks.times_s:
         idx = np.clip(np.round(np.array(r.blinks.times_s) * fps).astype(int), 0, len(s.eyes) - 1)
         ax.plot(np.array(r.blinks.times_s), s.eyes[idx], "v", color="red", label="blinks")
-    ax.set(title=f"blinks: {r.blinks.count} ({r.blinks.per_minute:.1f} per minute)", ylabel="grey levels from open",
+    ax.set(title=f"blinks: {r.blinks.count} ({r.blinks.per_minute:.1f} per minute)", ylabel="eyes brighter, grey",
            xlabel="video time, s")
     ax.legend(fontsize=8)
 

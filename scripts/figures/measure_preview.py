@@ -29,7 +29,7 @@ Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all pr
 * blinks: the eye opening falling under 85 % of its median (the landmark model reads a fully closed eye
   of the example at 73 % of an open one). Through spectacle frames the landmark model's lids do not move;
   ``blinks_per_minute_eye_pixels`` counts them from the pixels as ``avatar-render inspect`` does (the eye
-  regions moved with the head, against the reference's open eyes: ``metrics.blinks``).
+  regions' dark core, moved with the head, brighter than in the reference: ``metrics.blinks``).
 * still: SSIM to the reference after undoing the head's motion (bicubic) (a similarity fitted to rigid landmarks,
   refined by following textured points of the still region from the reference into the frame and fitting a
   similarity to them), over the head and its surroundings without the mouth/jaw region (below a line 0.15 eye
