@@ -6,6 +6,7 @@ The defaults here are the embedded ``preview`` configuration; ``configs/preview.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import io
 import math
 import warnings
@@ -235,6 +236,27 @@ class Config:
         return Fraction(fps).limit_denominator(1000)
 
 
+def _config_keys(cls: type = None, prefix: str = "") -> list[str]:
+    """Every leaf key of the config, dotted (``video.width``, ``dist.offload.dit``, ...)."""
+    out = []
+    for f in dataclasses.fields(cls or Config):
+        kind = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            out += _config_keys(kind, f"{prefix}{f.name}.")
+        else:
+            out.append(prefix + f.name)
+    return out
+
+
+def _nearest_keys(key: str) -> str:
+    """The end of the unknown-key sentence: '; perhaps ...' naming the keys with the same last part
+    (``video.fps`` -> ``preview.fps``), else the closest spellings; '.' when none is close."""
+    keys = _config_keys()
+    leaf = key.rsplit(".", 1)[-1]
+    near = [k for k in keys if k.rsplit(".", 1)[-1] == leaf] or difflib.get_close_matches(key, keys, n=2, cutoff=0.75)
+    return f"; perhaps {' or '.join(repr(k) for k in near[:3])}." if near else "."
+
+
 def load_config(path: Optional[Path] = None, overrides: tuple[str, ...] = (), *, seed: Optional[int] = None) -> Config:
     """Defaults <- YAML file <- ``key=value`` overrides, validated. Raises AvatarRenderError naming the bad key."""
     schema = OmegaConf.structured(Config)
@@ -248,7 +270,7 @@ def load_config(path: Optional[Path] = None, overrides: tuple[str, ...] = (), *,
         cfg: Config = OmegaConf.to_object(merged)
     except ConfigKeyError as e:
         key = _full_key(e)
-        message = f"Unknown config key '{key}'." if key else f"Invalid config: {_first_line(e)}."
+        message = f"Unknown config key '{key}'{_nearest_keys(key)}" if key else f"Invalid config: {_first_line(e)}."
         raise AvatarRenderError(message) from None
     except ValidationError as e:
         key = _full_key(e)

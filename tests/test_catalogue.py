@@ -377,7 +377,10 @@ CASES = {
     "override: empty name in the key": Case(
         "Override 'video..width=4' has an empty name in its key 'video..width'", args=("video..width=4",)),
     "override: no '='": Case("Override 'preview.fps' is not of the form key=value", args=("preview.fps",)),
-    "override: unknown key": Case("Unknown config key 'preview.fsp'", args=("preview.fsp=30",)),
+    "override: unknown key": Case("Unknown config key 'preview.fsp'; perhaps 'preview.fps'.", args=("preview.fsp=30",)),
+    "override: a key of another section": Case("Unknown config key 'video.fps'; perhaps 'preview.fps' or 'model.fps'.",
+                                               args=("video.fps=30",)),
+    "override: nothing like it": Case("Unknown config key 'colour_grade'.", args=("colour_grade=warm",)),
     "override: wrong type": Case("Config key 'video.height' has a wrong type or value", args=("video.height=tall",)),
     "override: float for an int list": Case(
         "Config key 'face.box[0]' has a wrong type or value", args=("face.box=[1.5,2,30,30]",)),
