@@ -236,7 +236,7 @@ class Config:
         return Fraction(fps).limit_denominator(1000)
 
 
-def _config_keys(cls: type = None, prefix: str = "") -> list[str]:
+def _config_keys(cls: type | None = None, prefix: str = "") -> list[str]:
     """Every leaf key of the config, dotted (``video.width``, ``dist.offload.dit``, ...)."""
     out = []
     for f in dataclasses.fields(cls or Config):

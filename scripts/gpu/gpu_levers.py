@@ -17,6 +17,7 @@ With random full-size bf16 weights (speed does not depend on their values) on th
 
     python scripts/gpu/gpu_levers.py --json docs/gpu_levers_h200.json
     python scripts/gpu/gpu_levers.py --only attention,cache_kv --sizes 640x640
+    python scripts/gpu/gpu_levers.py --pipeline-only --chunks 3    # part 2 alone
 
 Without a GPU it runs the tiny architecture on the CPU (the GPU-only levers are left out), so the
 script itself can be checked; those timings say nothing about GPU speed. fp8 needs torchao
@@ -91,7 +92,8 @@ def main() -> None:
     ap.add_argument("--no-pipeline", action="store_true",
                     help="leave out part 2 (the warm first frame and the overlapped decode)")
     ap.add_argument("--pipeline-only", action="store_true", help="part 2 alone")
-    ap.add_argument("--chunks", type=int, default=3, help="part 2: full chunks of each request after its first")
+    ap.add_argument("--chunks", type=int, default=3,
+                    help="part 2: each request runs until CHUNKS x chunk.chunk_frames frames are out")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     gpu = torch.cuda.is_available()
