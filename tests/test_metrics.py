@@ -62,14 +62,17 @@ def face_frame(*, mouth: float = 0.0, eyes: float = 0.0, shift=(0.0, 0.0), tint=
     cv2.line(big, (s(f.cx), s(f.cy - 6)), (s(f.cx + 3), s(f.cy + 8)), (150, 105, 90), 2 * SS)  # nose
     for e in (lay.left_eye, lay.right_eye):
         narrow = eye_open < 1
-        slit = np.zeros(big.shape[:2], np.uint8)
         half = e.h * 0.5 * eye_open * ((1 - eyes) if narrow else 1)
-        if half > 0:
-            cv2.ellipse(slit, (s(e.cx), s(e.cy)), (s(e.w * 0.45), s(half)), 0, 0, 360, 1, -1)
-        eye = np.zeros_like(big)
-        eye[:] = (245, 245, 240)
-        cv2.circle(eye, (s(e.cx), s(e.cy)), s(e.h * 0.45), (40, 30, 25), -1)
-        big[slit > 0] = eye[slit > 0]
+        if half > 0:  # the eye's white and iris, seen through its opening (drawn in the opening's box only)
+            cx, cy, rx, ry = s(e.cx), s(e.cy), s(e.w * 0.45), s(half)
+            x0, y0 = cx - rx - 1, cy - ry - 1
+            roi = big[y0 : cy + ry + 2, x0 : cx + rx + 2]
+            slit = np.zeros(roi.shape[:2], np.uint8)
+            cv2.ellipse(slit, (cx - x0, cy - y0), (rx, ry), 0, 0, 360, 1, -1)
+            eye = np.empty_like(roi)
+            eye[:] = (245, 245, 240)
+            cv2.circle(eye, (cx - x0, cy - y0), s(e.h * 0.45), (40, 30, 25), -1)
+            roi[slit > 0] = eye[slit > 0]
         for dy in (-0.55, 0.55) if narrow else ():
             cv2.ellipse(big, (s(e.cx), s(e.cy + dy * e.h)), (s(e.w * 0.5), s(e.h * 0.2)), 0, 200 if dy < 0 else 20,
                         340 if dy < 0 else 160, (70, 45, 40), 2 * SS)
