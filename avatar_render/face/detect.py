@@ -77,8 +77,8 @@ class FaceDetector(Module):
         boxes = self._search(image, _DETECT_SIDE, small_faces=False)
         # (and without the histogram's equalisation, which a large plain backdrop skews: a portrait on a flat grey
         # taking a tenth of the picture is not found with it)
-        for equalize in (True, False):
-            if thorough and not boxes:
+        for equalize in (True, False) if thorough else ():
+            if not boxes:
                 boxes = self._search(image, _SMALL_FACE_SIDE, small_faces=True, equalize=equalize)
         return tuple(sorted(boxes, key=lambda b: (b.x, b.y)))
 
