@@ -64,20 +64,17 @@ def env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-# Runs the CLI with the preview's decode stage held at its call argv[2] (1-based) until the file argv[1]
+# Runs the CLI with the preview held before it draws its segment argv[2] (1-based) until the file argv[1]
 # exists: the render cannot end (nor its output appear) before the test has seen what it waits for.
 HELD = """
 import sys, time
 from pathlib import Path
-from avatar_render.preview import engine
+from tests.decode_hook import before_each_segment
 go, at = Path(sys.argv[1]), int(sys.argv[2])
-calls, original = [0], engine.PreviewRender.run
-def run(self, x, *, static, carry):
-    calls[0] += 1
-    while calls[0] == at and not go.exists():
+def hold(segment):
+    while segment == at and not go.exists():
         time.sleep(0.01)
-    return original(self, x, static=static, carry=carry)
-engine.PreviewRender.run = run
+before_each_segment(hold)
 from avatar_render.cli import main
 sys.argv = ["avatar-render", *sys.argv[3:]]
 main()
@@ -85,7 +82,7 @@ main()
 
 
 def held_render(go: Path, at: int, *args: str) -> subprocess.Popen:
-    """``render_cmd(*args)`` held at its decode call ``at`` until ``go`` exists; in a process group of its
+    """``render_cmd(*args)`` held before it draws its segment ``at`` until ``go`` exists; in a process group of its
     own, as a terminal's foreground job."""
     return subprocess.Popen([sys.executable, "-c", HELD, str(go), str(at), *render_cmd(*args)[3:]],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),

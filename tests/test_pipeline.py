@@ -1,5 +1,6 @@
 """The chunk loop with stand-in stages: order, anchors, audio, bounded state, type checks."""
 
+import dataclasses
 import gc
 import weakref
 from contextlib import contextmanager
@@ -31,6 +32,9 @@ class Static:
 @dataclass(frozen=True)
 class Ramp(Segment):
     values: np.ndarray  # (T,) the frame index each frame shows
+
+    def piece(self, start, end):
+        return Ramp(start=start, end=end, values=self.values[start - self.start : end - self.start])
 
 
 @dataclass(frozen=True)
@@ -330,3 +334,37 @@ def test_generation_ahead_yields_the_same_items_and_reads_the_next_chunk_before_
         again = [(p.start, p.frames.tobytes()) for p in make_ahead(trans, first).stream(
             Static(1), ReadLog(total), seed=0, resume=full[i], ahead=True)]
         assert again == after
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+@pytest.mark.parametrize("piece", [3, 4, 10])
+def test_segments_decoded_in_pieces_publish_the_same_frames_and_audio(piece, ahead):
+    """``pieces``: each segment goes out in pieces of at most ``decode_piece_frames`` frames, decoded in
+    order (the decode carry unbroken), the segment's audio with its last piece: joined, the items of a
+    stream without pieces, checkpoints in the same places."""
+    def items(pieces):
+        pipe = dataclasses.replace(make_ahead(4, 0), decode_piece_frames=piece)
+        assert pipe.puts_per_chunk() == -(-10 // piece)
+        out, parts, most = [], [], 0
+        for item in pipe.stream(Static(1), FakeAudio(77), seed=0, checkpoints=True, ahead=ahead, pieces=pieces):
+            if isinstance(item, Checkpoint):
+                assert not parts, "a checkpoint between the pieces of a segment"
+                out.append(("ckpt", item.plans_done, item.state.decode_carry))
+                continue
+            parts.append(item)
+            if item.more:
+                assert item.audio.shape == (1, 0) and len(item.frames) <= piece
+                continue
+            first = parts[0].whole_start
+            assert [p.whole_start for p in parts] == [first] * len(parts)
+            assert [p.start for p in parts] == [first] + [p.end for p in parts[:-1]]
+            assert pieces or len(parts) == 1
+            frames = np.concatenate([p.frames for p in parts])
+            out.append(("pub", item.plan, first, len(frames), frames.tobytes(), item.audio.tobytes()))
+            parts, most = [], max(most, len(parts))
+        return out, most
+
+    (whole, _), (split, most) = items(False), items(True)
+    assert split == whole
+    longest = max(i[3] for i in whole if i[0] == "pub")
+    assert most == -(-longest // piece) and (most > 1 or piece >= longest)

@@ -40,24 +40,21 @@ SMALL = ("video.width=96", "video.height=96", "chunk.chunk_frames=8", "chunk.tra
          "video.gop_seconds=0.3")
 SECONDS = 3.0
 
-# Runs the CLI with the preview's decode stage patched to send this process a signal (argv[2]) at
-# given decode calls (argv[1], comma-separated; a call listed twice gets two signals), sleeping
-# argv[3] seconds per call: a kill or stop at a chosen chunk, wherever the writer thread then is.
+# Runs the CLI with the preview's drawing patched to send this process a signal (argv[2]) before
+# given segments (argv[1], comma-separated, 1-based; a segment listed twice gets two signals), sleeping
+# argv[3] seconds per segment: a kill or stop at a chosen chunk, wherever the writer thread then is.
 # argv[1] == "copy": the signal comes during the final copy into a regular MP4, after the last chunk.
 DRIVER = """
 import os, sys, time
 from avatar_render.job import loop
-from avatar_render.preview import engine
+from tests.decode_hook import before_each_segment
 at, sig, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 at = [] if at == "copy" else [int(v) for v in at.split(",")]
-calls, original = [0], engine.PreviewRender.run
-def run(self, x, *, static, carry):
-    calls[0] += 1
+def signal_at(segment):
     time.sleep(delay)
-    for _ in range(at.count(calls[0])):
+    for _ in range(at.count(segment)):
         os.kill(os.getpid(), sig)
-    return original(self, x, static=static, carry=carry)
-engine.PreviewRender.run = run
+before_each_segment(signal_at)
 if not at:
     loop.remux_faststart = lambda src, dst: os.kill(os.getpid(), sig)
 from avatar_render.cli import main

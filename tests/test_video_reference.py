@@ -238,14 +238,9 @@ def test_a_video_with_few_faces_is_refused(tmp_path):
 
 KILL = """
 import os, signal, sys
-from avatar_render.preview import engine
-calls, original, at = [0], engine.PreviewRender.run, int(sys.argv[1])
-def run(self, x, *, static, carry):
-    calls[0] += 1
-    if calls[0] == at:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return original(self, x, static=static, carry=carry)
-engine.PreviewRender.run = run
+from tests.decode_hook import before_each_segment
+at = int(sys.argv[1])
+before_each_segment(lambda segment: segment == at and os.kill(os.getpid(), signal.SIGKILL))
 from avatar_render.cli import main
 sys.argv = ["avatar-render", *sys.argv[2:]]
 main()
@@ -264,7 +259,7 @@ def test_a_killed_dub_resumes_to_the_same_bytes(media, tmp_path):
 
     whole = cli("-o", "whole.mp4")
     assert whole.returncode == 0, whole.stderr
-    killed = cli("-o", "again.mp4", code="4")  # during the 4th decode: past the first turn of the loop's source
+    killed = cli("-o", "again.mp4", code="4")  # before the 4th segment: past the first turn of the loop's source
     assert killed.returncode == -signal.SIGKILL
     done = cli("-o", "again.mp4", "--resume", "--report", "again.json")
     assert done.returncode == 0, done.stderr

@@ -412,3 +412,41 @@ def test_each_chunk_hashed_as_encoded(tmp_path: Path) -> None:
     want = [hashlib.sha256(b"".join(packets[a:b])).hexdigest() for a, b in zip(bounds[:-1], bounds[1:])]
     assert [writer.video_sha256(k) for k in range(len(sizes))] == want
     assert len(set(want)) == len(sizes)
+
+
+def test_a_chunk_put_in_parts_is_the_fragment_of_one_put(tmp_path: Path) -> None:
+    """Frames given in parts as they are drawn (``more``), the audio with the last part: the file, the GOPs
+    and each chunk's hash are those of the chunks put whole (a part of its own fragment would change them)."""
+    sizes = [10, 7, 13, 10, 30, 4]
+
+    def write(path: Path, parts: bool) -> list[str]:
+        writer = Mp4Writer(_spec(path, gop_seconds=1.0))
+        for frames, audio in _chunks(sizes, Fraction(25), 16000, 1):
+            writer.boundary()
+            if parts:
+                cuts = [0, *range(3, len(frames), 4), len(frames)]
+                for a, b in zip(cuts, cuts[1:]):
+                    last = b == len(frames)
+                    writer.put(frames[a:b], audio if last else audio[:, :0], more=not last)
+            else:
+                writer.put(frames, audio)
+        writer.close(faststart=False)
+        return [writer.video_sha256(k) for k in range(len(sizes))]
+
+    whole, parts = tmp_path / "whole.mp4", tmp_path / "parts.mp4"
+    assert write(parts, parts=True) == write(whole, parts=False)
+    assert parts.read_bytes() == whole.read_bytes()
+    keys, _, _, _ = _contents(parts)
+    assert [i for i, k in enumerate(keys) if k] == [0, 30, 70]
+
+
+def test_a_part_with_audio_or_a_boundary_inside_a_chunk_is_refused(tmp_path: Path) -> None:
+    with Mp4Writer(_spec(tmp_path / "m.mp4", gop_seconds=0.2)) as writer:  # (GOPs of 5 frames or more)
+        frames, audio = next(_chunks([6], Fraction(25), 16000, 1))
+        with pytest.raises(ValueError, match="audio with its last part"):
+            writer.put(frames[:3], audio, more=True)
+        writer.put(frames[:3], audio[:, :0], more=True)
+        with pytest.raises(AssertionError):
+            writer.boundary()
+        writer.put(frames[3:], audio)
+        assert writer.boundary()

@@ -14,7 +14,7 @@ that lets a resumed render write the bytes of the uninterrupted one.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Optional
 
@@ -46,6 +46,16 @@ class Fragment:
     # own audio as it comes (the AAC encoder holds up to two frames back till the next chunk)
     pcm: Optional[np.ndarray] = None
     pcm_at: int = 0
+
+
+@dataclass
+class _Part:
+    """A chunk whose frames come in parts: where it started, its samples so far."""
+
+    first: int
+    audio_time: int
+    opens_gop: bool
+    video: list[Sample] = field(default_factory=list)
 
 
 class Aborted(Exception):
@@ -146,6 +156,7 @@ class ChunkEncoder:
         self._history = _AudioHistory(spec.audio_channels, _HISTORY_SAMPLES)
         self._fresh = True  # the encoders have encoded nothing yet
         self._scratch = YuvScratch()  # (encode runs on one thread at a time)
+        self._part: Optional[_Part] = None  # the chunk being given in parts
         self.tracks = Tracks(spec.width, spec.height, spec.fps, spec.audio_rate, spec.audio_channels,
                              spec.audio_bitrate, self._video.extradata, self._audio.extradata)
 
@@ -161,34 +172,43 @@ class ChunkEncoder:
         self._history.add(replay)
         self._join(replay)
 
-    def encode(self, frames: np.ndarray, audio: np.ndarray, *, opens_gop: bool,
-               abort: Optional[threading.Event] = None) -> Fragment:
+    def encode(self, frames: np.ndarray, audio: np.ndarray, *, opens_gop: bool, more: bool = False,
+               abort: Optional[threading.Event] = None) -> Optional[Fragment]:
         """frames (T, H, W, 3) uint8 RGB, audio (C, n) float32 -> their fragment (raises Aborted when
-        ``abort`` is set half-way)."""
-        if opens_gop and not self._fresh:
-            self._restart()
-        self._fresh = False
-        first, audio_time = self.frames, self.audio_time
-        video: list[Sample] = []
-        for i, rgb in enumerate(frames):
+        ``abort`` is set half-way). ``more``: the chunk goes on in the next call (its frames given as they are
+        drawn, its audio with its last part): None until the call that ends it, which returns the fragment
+        of all its parts, the one a single call with them all would."""
+        part = self._part
+        if part is None:
+            if opens_gop and not self._fresh:
+                self._restart()
+            self._fresh = False
+            part = self._part = _Part(first=self.frames, audio_time=self.audio_time, opens_gop=opens_gop)
+        for rgb in frames:
             if abort is not None and abort.is_set():
                 raise Aborted
             frame = to_yuv420p(rgb, self._scratch)
             frame.pts = self.frames
-            self.frames += 1
-            if i == 0 and opens_gop:
+            if self.frames == part.first and part.opens_gop:
                 frame.pict_type = av.video.frame.PictureType.I  # with forced-idr=1: an IDR frame
-            video += self._video_samples(self._video.encode(frame))
+            self.frames += 1
+            part.video += self._video_samples(self._video.encode(frame))
+        if more:
+            assert not audio.shape[1], "a chunk's audio comes with its last part"
+            return None
+        self._part = None
         self._fifo_write(audio)
         self._history.add(audio)
         pcm_at = self.samples
         self.samples += audio.shape[1]
         last = frames[-1].copy() if len(frames) else None  # a copy: a view would keep the whole chunk alive
-        return Fragment(video, self._encode_audio(final=False), first, audio_time, opens_gop, last, audio, pcm_at)
+        return Fragment(part.video, self._encode_audio(final=False), part.first, part.audio_time, part.opens_gop,
+                        last, audio, pcm_at)
 
     def finish(self, *, at_gop_start: bool) -> Fragment:
         """Everything the encoders still hold. ``at_gop_start``: the stream ends where a GOP would open
         (a resume point), so the tail is encoded by fresh encoders, as a resumed stream's would be."""
+        assert self._part is None, "the last chunk was not ended"
         if at_gop_start and not self._fresh:
             self._restart()
         first, audio_time = self.frames, self.audio_time

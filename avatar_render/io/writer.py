@@ -95,6 +95,7 @@ class _Chunk:
     frames: np.ndarray  # (T, H, W, 3) uint8 RGB
     audio: np.ndarray  # (C, n) float32
     opens_gop: bool  # its first frame starts a GOP: fresh encoders, an IDR frame
+    more: bool  # a part of a chunk that goes on in the next put
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ class Mp4Writer:
         self._gop_frames = math.ceil(spec.gop_seconds * spec.fps)  # shortest GOP
         self._gop_start: int | None = None  # (main thread) first frame of the GOP being put
         self._next_opens = True  # (main thread) the next chunk put opens a GOP
+        self._in_chunk = False  # (main thread) the last put was a part of a chunk that goes on
         self._first_frame_on_disk: Optional[float] = None
         self._encode_seconds = 0.0
         self._sinks: list[Sink] = []
@@ -178,19 +180,26 @@ class Mp4Writer:
         """Frames handed to the sinks (in complete fragments on disk) so far."""
         return self._frames_written
 
-    def put(self, frames: np.ndarray, audio: np.ndarray) -> None:
+    def put(self, frames: np.ndarray, audio: np.ndarray, *, more: bool = False) -> None:
         """Queue frames (T, H, W, 3) uint8 RGB and their audio (C, n) float; blocks while the queue is full.
-        The frames are not copied (hundreds of MB a chunk at 720p): leave them unchanged once put."""
+        The frames are not copied (hundreds of MB a chunk at 720p): leave them unchanged once put.
+
+        ``more``: the chunk goes on in the next put (its frames given as they are drawn, each part taking a
+        place in the queue; its audio with its last part): the chunk is one fragment all the same, the bytes
+        of one put with all its frames."""
         spec = self.spec
+        if more and audio.shape[-1]:
+            raise ValueError("a chunk given in parts has its audio with its last part")
         if frames.ndim != 4 or frames.shape[1:] != (spec.height, spec.width, 3) or frames.dtype != np.uint8:
             raise ValueError(
                 f"frames must be uint8 (T, {spec.height}, {spec.width}, 3), got {frames.dtype} {frames.shape}")
         if audio.ndim != 2 or audio.shape[0] != spec.audio_channels:
             raise ValueError(f"audio must be ({spec.audio_channels}, n), got {audio.shape}")
-        opens = self._next_opens
-        chunk = _Chunk(np.ascontiguousarray(frames), np.array(audio, dtype=np.float32, order="C"), opens_gop=opens)
+        opens = self._next_opens and not self._in_chunk
+        chunk = _Chunk(np.ascontiguousarray(frames), np.array(audio, dtype=np.float32, order="C"), opens_gop=opens,
+                       more=more)
         self._enqueue(chunk)
-        self._next_opens = False
+        self._next_opens, self._in_chunk = False, more
         if opens:
             self._gop_start = self._frames_put
         self._frames_put += len(chunk.frames)
@@ -201,6 +210,7 @@ class Mp4Writer:
         here: then the next chunk starts one, and a ``mark`` here is a point a resumed writer joins
         byte for byte. The sinks are told at once that a GOP ended, except at the ``last`` boundary,
         where ``close`` ends it (with the audio the encoder still holds)."""
+        assert not self._in_chunk, "a boundary falls between chunks"
         if self._gop_start is None or self._frames_put - self._gop_start >= self._gop_frames:
             if not self._next_opens and not last:
                 self._enqueue(_GopEnd())
@@ -300,14 +310,17 @@ class Mp4Writer:
                     else:
                         start = time.perf_counter()
                         fragment = self._encoder.encode(item.frames, item.audio, opens_gop=item.opens_gop,
-                                                        abort=self._abort)
-                        digest = hashlib.sha256()
-                        for sample in fragment.video:
-                            digest.update(sample.data)
-                        self._video_sha256.append(digest.hexdigest())
-                        self._send(fragment)
-                        item = fragment = None  # the chunk's frames freed (unless the caller still holds them) ...
-                        release_freed()  # ... and their pages returned, before the next chunk is let in
+                                                        more=item.more, abort=self._abort)
+                        if fragment is not None:
+                            digest = hashlib.sha256()
+                            for sample in fragment.video:
+                                digest.update(sample.data)
+                            self._video_sha256.append(digest.hexdigest())
+                            self._send(fragment)
+                        whole = fragment is not None
+                        item = fragment = None  # the frames freed (unless the caller still holds them) ...
+                        if whole:
+                            release_freed()  # ... and, a chunk done, their pages returned before the next is let in
                         self._room.release()
                         self._encode_seconds += time.perf_counter() - start
             finally:

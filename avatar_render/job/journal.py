@@ -72,7 +72,7 @@ class ChunkRecord:
     @staticmethod
     def of(pub: Published, video_sha256: str) -> ChunkRecord:
         audio = np.ascontiguousarray(pub.audio, dtype="<f4")
-        return ChunkRecord(kind=pub.plan.kind, index=pub.plan.index, start=pub.start, end=pub.end,
+        return ChunkRecord(kind=pub.plan.kind, index=pub.plan.index, start=pub.whole_start, end=pub.end,
                            video_sha256=video_sha256,
                            audio_sha256=hashlib.sha256(audio.data).hexdigest(), audio_samples=audio.shape[1])
 

@@ -114,7 +114,8 @@ class ChunkLoop:
             path=self.partial, width=cfg.video.width, height=cfg.video.height, fps=cfg.fps,
             crf=cfg.video.crf, preset=cfg.video.preset, audio_rate=info.output_rate,
             audio_channels=info.output_channels,
-            audio_bitrate=cfg.video.audio_bitrate, queue_chunks=cfg.run.queue_chunks, gop_seconds=gop,
+            audio_bitrate=cfg.video.audio_bitrate, gop_seconds=gop,
+            queue_chunks=cfg.run.queue_chunks * self.job.pipeline.puts_per_chunk(),  # (a chunk put in pieces)
         )
         try:
             sinks = [] if self.live is None else self.live.make_sinks(
@@ -140,10 +141,12 @@ class ChunkLoop:
         hashed: Hashed = []
         stream = self.job.pipeline.stream(self.job.static, self.job.audio, seed=self.cfg.seed,
                                           clock=self.telemetry.stage,
-                                          resume=checkpoint, checkpoints=True, ahead=not self.session)
+                                          resume=checkpoint, checkpoints=True, ahead=not self.session, pieces=True)
         for item in stream:
             if isinstance(item, Published):
-                hashed.append(self._publish(writer, item, tally))
+                published = self._publish(writer, item, tally)
+                if published is not None:
+                    hashed.append(published)
                 del item  # (not kept alive while the next chunk is made: the writer and the hashing hold it)
                 continue
             if not writer.boundary(last=item.last_plan.last):
@@ -159,15 +162,18 @@ class ChunkLoop:
                 raise self._stopped(at_once=False)
         return hashed
 
-    def _publish(self, writer: Mp4Writer, item: Published, tally: _Tally) -> tuple[int, ChunkRecord, dict]:
+    def _publish(self, writer: Mp4Writer, item: Published, tally: _Tally) -> Optional[tuple[int, ChunkRecord, dict]]:
+        """Frames to the writer; a segment's record once all of it is put (None for a piece with more after it)."""
         telemetry = self.telemetry
         with telemetry.stage("write"):
-            writer.put(item.frames, item.audio)
+            writer.put(item.frames, item.audio, more=item.more)
+        if tally.first_frame_s is None:
+            tally.first_frame_s = telemetry.elapsed() - self.t_ready
+        if item.more:
+            return None
         with telemetry.stage("journal"):
             record = ChunkRecord.of(item, video_sha256="")  # (filled in once the writer has encoded it)
         chunk, self._chunks_put = self._chunks_put, self._chunks_put + 1
-        if tally.first_frame_s is None:
-            tally.first_frame_s = telemetry.elapsed() - self.t_ready
         tally.frames, tally.samples, tally.chunks = item.end, tally.samples + item.audio.shape[1], tally.chunks + 1
         progress = Progress(chunks_done=tally.chunks, frames_done=tally.frames, frames_total=self._total(tally),
                             elapsed_s=telemetry.elapsed() - self.t_ready, fps=float(self.cfg.fps),

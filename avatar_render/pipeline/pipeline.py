@@ -90,6 +90,10 @@ class Pipeline:
     # before it is decoded and published, when ``stream`` is asked to (``ahead``): what they make is small
     # (the preview's motion), the frames stay where they were. The items yielded are the same.
     generate_ahead: bool = False
+    # Decode a segment this many frames at a time when ``stream`` is asked for ``pieces`` (0: whole), each
+    # piece published as it is drawn: the encoder takes the first frames of a segment while the rest are
+    # drawn. Only where decoding a piece on its own draws the same frames (``Segment.piece``).
+    decode_piece_frames: int = 0
 
     def __post_init__(self) -> None:
         check_chain((self.init,), first_input=RequestInput, last_output=object)
@@ -112,6 +116,11 @@ class Pipeline:
         reach back before the next N chunk, and each window has ``audio_pad_s`` on either side."""
         C, T = self.sizes.chunk_frames, self.sizes.transition_frames
         return max(0, plan.start - C - T - 1 - math.ceil(self.audio_pad_s * self.fps))
+
+    def puts_per_chunk(self) -> int:
+        """The pieces an N chunk's frames go out in, at most (``stream(pieces=True)``)."""
+        piece = self.decode_piece_frames
+        return math.ceil(self.sizes.chunk_frames / piece) if piece else 1
 
     def modules(self) -> tuple[Module, ...]:
         stages = (self.init, *self.generate, self.decode)
@@ -150,7 +159,7 @@ class Pipeline:
 
     def stream(
         self, static: Any, audio: AudioSource, *, seed: int, clock: Clock = lambda name: nullcontext(),
-        resume: Checkpoint | None = None, checkpoints: bool = False, ahead: bool = False,
+        resume: Checkpoint | None = None, checkpoints: bool = False, ahead: bool = False, pieces: bool = False,
     ) -> Iterator[Published | Checkpoint]:
         """Run the chunk loop; yield every output frame exactly once, in order, as soon as it is final.
         ``clock(stage_name)`` times each stage call.
@@ -162,11 +171,15 @@ class Pipeline:
 
         ``ahead``: a pipeline that ``generate_ahead``s does so (the next entry's audio is then read before
         an entry's frames go out: not for audio that arrives as it plays, which would hold them back).
+
+        ``pieces``: a pipeline that decodes in pieces (``decode_piece_frames``) publishes each piece as it is
+        drawn (see ``Published``; segments decoded in the decode thread go out whole).
         """
         state, done = self._start(static, resume)
+        piece = self.decode_piece_frames if pieces else 0
         if ahead and self.generate_ahead:
             yield from self._stream_ahead(state, done, static, audio, seed=seed, clock=clock, resume=resume,
-                                          checkpoints=checkpoints)
+                                          checkpoints=checkpoints, piece=piece)
             return
         number = -1
         job: Optional[_Job] = None  # the entry being decoded while the next one is generated (overlap_decode)
@@ -178,26 +191,27 @@ class Pipeline:
                 # The lead frames go out before N0 is generated (and never in a thread: nothing would overlap).
                 state = replace(state, pending=state.pending + (self.lead(static),))
                 lead = self._hand_over(-1, plan, state, static, clock=clock, overlap=False)
-                state = yield from self._collect(lead, static, audio, clock=clock, checkpoints=False)
+                state = yield from self._collect(lead, static, audio, clock=clock, checkpoints=False, piece=piece)
             state = self._generate(plan, state, static, audio, seed=seed, clock=clock)
             if job is not None:
-                state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints, into=state)
+                state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints, piece=piece,
+                                                 into=state)
             # (N0's frames are the first sampled ones: they go out at once, not after N1)
             overlap = self.overlap_decode and number > 0
             job = self._hand_over(number, plan, state, static, clock=clock, overlap=overlap)
             state = job.state
             if not overlap:
-                state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints)
+                state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints, piece=piece)
                 job = None
         if job is not None:
-            state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints)
+            state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints, piece=piece)
         if number + 1 < done:
             raise ResumeError("The saved chunk plan is longer than this audio, so the render cannot be resumed.")
         assert not state.pending and not state.anchors, "every frame published, every anchor used"
 
     def _stream_ahead(self, state: RollingState, done: int, static: Any, audio: AudioSource, *, seed: int,
-                      clock: Clock, resume: Checkpoint | None,
-                      checkpoints: bool) -> Generator[Published | Checkpoint, None, None]:
+                      clock: Clock, resume: Checkpoint | None, checkpoints: bool,
+                      piece: int) -> Generator[Published | Checkpoint, None, None]:
         """``stream`` with each plan entry's generation in the generation thread while the entry before it is
         decoded and published (from the second entry on: the first one's frames go out at once). The
         generation starts from the state the entry before left (its segments taken out); the decode carry
@@ -226,12 +240,14 @@ class Pipeline:
                                       clock=clock, overlap=False)
                 first = state.next_frame == 0 or number == done
                 if first:  # (the first frames wait for no other work)
-                    state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints)
+                    state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints,
+                                                     piece=piece)
                 plan = advance()
                 if plan is not None:
                     generating = start(plan, job.state)
                 if not first:
-                    state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints)
+                    state = yield from self._collect(job, static, audio, clock=clock, checkpoints=checkpoints,
+                                                     piece=piece)
         finally:
             if generating is not None:  # (the loop was left early: nothing runs on after it)
                 wait([generating])
@@ -318,28 +334,54 @@ class Pipeline:
         return out, carry
 
     def _collect(self, job: _Job, static: Any, audio: AudioSource, *, clock: Clock, checkpoints: bool,
-                 into: Optional[RollingState] = None) -> Generator[Published | Checkpoint, None, RollingState]:
+                 into: Optional[RollingState] = None, piece: int = 0
+                 ) -> Generator[Published | Checkpoint, None, RollingState]:
         """Yield a job's frames with their audio (and, with ``checkpoints``, the checkpoint of its plan
-        entry); return the state after it: the job's own, or ``into`` (a later entry's) with its decode carry."""
+        entry); return the state after it: the job's own, or ``into`` (a later entry's) with its decode carry.
+        ``piece``: segments decoded here go out ``piece`` frames at a time (0: whole)."""
         T = self.sizes.transition_frames
         decoded, decode_carry = job.result.result() if job.result is not None else (None, job.state.decode_carry)
         for i, segment in enumerate(job.segments):
-            if decoded is None:
-                frames, decode_carry = _run_timed(self.decode, segment, static=static, carry=decode_carry,
-                                                  plan=job.plan,
-                                                  clock=clock)
+            if decoded is None and piece and segment.end - segment.start > piece:
+                decode_carry = yield from self._pieces(job.plan, segment, piece, static, decode_carry, audio,
+                                                       clock=clock)
             else:
-                frames, decoded[i] = decoded[i], None
-            with clock("audio"):
-                out_audio = audio.output_audio(segment.start, segment.end)
-            yield Published(plan=job.plan, start=frames.start, frames=frames.frames, audio=out_audio)
-            del frames, out_audio  # (the consumer holds them now: not kept alive while the next segment is decoded)
+                if decoded is None:
+                    frames, decode_carry = _run_timed(self.decode, segment, static=static, carry=decode_carry,
+                                                      plan=job.plan, clock=clock)
+                else:
+                    frames, decoded[i] = decoded[i], None
+                with clock("audio"):
+                    out_audio = audio.output_audio(segment.start, segment.end)
+                yield Published(plan=job.plan, start=frames.start, frames=frames.frames, audio=out_audio)
+                del frames, out_audio  # (the consumer holds them now: not kept alive while the next one is decoded)
             # I chunks reach back before what was published last: keep their audio.
             audio.release(max(0, segment.start - T - 1 - math.ceil(self.audio_pad_s * self.fps)))
         done = replace(job.state, decode_carry=decode_carry)
         if checkpoints:
             yield self._checkpoint(job.number + 1, job.plan, done)
         return done if into is None else replace(into, decode_carry=decode_carry)
+
+    def _pieces(self, plan: ChunkPlan, segment: Segment, piece: int, static: Any, carry: Any, audio: AudioSource,
+                *, clock: Clock) -> Generator[Published, None, Any]:
+        """Decode ``segment`` in pieces of at most ``piece`` frames (of even lengths), each published as it is
+        drawn, the segment's audio with the last; return the decode carry after it."""
+        n = segment.end - segment.start
+        count = math.ceil(n / piece)
+        bounds = [segment.start + n * k // count for k in range(count + 1)]
+        for a, b in zip(bounds, bounds[1:]):
+            frames, carry = _run_timed(self.decode, segment.piece(a, b), static=static, carry=carry, plan=plan,
+                                       clock=clock)
+            more = b < segment.end
+            if more:
+                out_audio = audio.output_audio(segment.start, segment.start)  # (C, 0)
+            else:
+                with clock("audio"):
+                    out_audio = audio.output_audio(segment.start, segment.end)
+            yield Published(plan=plan, start=frames.start, frames=frames.frames, audio=out_audio,
+                            segment_start=segment.start, more=more)
+            del frames, out_audio
+        return carry
 
     def _checkpoint(self, plans_done: int, plan: ChunkPlan, state: RollingState) -> Checkpoint:
         saved = replace(state, carries=tuple(s.saved_carry(c) for s, c in zip(self.generate, state.carries)),

@@ -55,6 +55,11 @@ class Segment:
     start: int
     end: int
 
+    def piece(self, start: int, end: int) -> Segment:
+        """Frames [start, end) of this segment, decoded on their own to the same frames (a pipeline with
+        ``decode_piece_frames`` decodes its segments a piece at a time)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be decoded in pieces")
+
 
 @dataclass(frozen=True)
 class Generated:
@@ -85,7 +90,17 @@ class Published:
     start: int
     frames: np.ndarray  # (T, H, W, 3) uint8
     audio: np.ndarray  # (C, n) float32 at the output audio rate
+    # A segment published in pieces (``stream(pieces=True)``): frames [start, end) of the segment that starts
+    # at ``segment_start``; ``more`` pieces of it follow. Its audio, all of it, comes with its last piece
+    # (the pieces before it have none).
+    segment_start: int | None = None  # None: this is the whole segment
+    more: bool = False
 
     @property
     def end(self) -> int:
         return self.start + len(self.frames)
+
+    @property
+    def whole_start(self) -> int:
+        """The first frame of the segment this is (a piece of)."""
+        return self.start if self.segment_start is None else self.segment_start

@@ -85,6 +85,9 @@ class MotionAnchor:
 class MotionSegment(Segment):
     params: np.ndarray  # (end - start, len(PARAMS)) float32
 
+    def piece(self, start: int, end: int) -> MotionSegment:
+        return MotionSegment(start=start, end=end, params=self.params[start - self.start : end - self.start])
+
 
 @dataclass(frozen=True)
 class MotionChunk(Generated):
@@ -299,6 +302,9 @@ class PreviewRender(Stage[MotionSegment, Frames]):
         return Frames(start=x.start, frames=frames), None
 
 
+PIECE_FRAMES = 10
+
+
 def build_preview(cfg: Config, mesh: object = None) -> Pipeline:  # one process: ``mesh`` is not used
     p = cfg.preview
     return Pipeline(
@@ -326,6 +332,9 @@ def build_preview(cfg: Config, mesh: object = None) -> Pipeline:  # one process:
         audio_pad_s=max(PHONE_PAD_S, float(2 / Fraction(cfg.fps))),
         notes=landmark_notes(cfg.face.landmarks),
         generate_ahead=True,  # the phones of the next chunk heard while this one is drawn and encoded
+        # (each frame is drawn from its own row alone; ten frames at a time keep the encoder busy while the rest
+        # of a segment is drawn, in blocks a quarter of a segment's)
+        decode_piece_frames=PIECE_FRAMES,
     )
 
 

@@ -7,13 +7,7 @@ import os
 if os.environ.get("AVATAR_TEST_CHUNK_DELAY"):
     import time
 
-    from avatar_render.preview import engine
+    from tests.decode_hook import before_each_segment
 
     _delay = float(os.environ["AVATAR_TEST_CHUNK_DELAY"])
-    _original = engine.PreviewRender.run
-
-    def _slow_run(self, x, *, static, carry):
-        time.sleep(_delay)
-        return _original(self, x, static=static, carry=carry)
-
-    engine.PreviewRender.run = _slow_run
+    before_each_segment(lambda segment: time.sleep(_delay))
