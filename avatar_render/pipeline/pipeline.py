@@ -342,19 +342,13 @@ class Pipeline:
         T = self.sizes.transition_frames
         decoded, decode_carry = job.result.result() if job.result is not None else (None, job.state.decode_carry)
         for i, segment in enumerate(job.segments):
-            if decoded is None and piece and segment.end - segment.start > piece:
-                decode_carry = yield from self._pieces(job.plan, segment, piece, static, decode_carry, audio,
+            if decoded is None:
+                decode_carry = yield from self._decode(job.plan, segment, piece, static, decode_carry, audio,
                                                        clock=clock)
             else:
-                if decoded is None:
-                    frames, decode_carry = _run_timed(self.decode, segment, static=static, carry=decode_carry,
-                                                      plan=job.plan, clock=clock)
-                else:
-                    frames, decoded[i] = decoded[i], None
-                with clock("audio"):
-                    out_audio = audio.output_audio(segment.start, segment.end)
-                yield Published(plan=job.plan, start=frames.start, frames=frames.frames, audio=out_audio)
-                del frames, out_audio  # (the consumer holds them now: not kept alive while the next one is decoded)
+                frames, decoded[i] = decoded[i], None
+                yield self._published(job.plan, segment, frames, audio, clock=clock)
+                del frames  # (the consumer holds them now: not kept alive while the next one is decoded)
             # I chunks reach back before what was published last: keep their audio.
             audio.release(max(0, segment.start - T - 1 - math.ceil(self.audio_pad_s * self.fps)))
         done = replace(job.state, decode_carry=decode_carry)
@@ -362,26 +356,30 @@ class Pipeline:
             yield self._checkpoint(job.number + 1, job.plan, done)
         return done if into is None else replace(into, decode_carry=decode_carry)
 
-    def _pieces(self, plan: ChunkPlan, segment: Segment, piece: int, static: Any, carry: Any, audio: AudioSource,
+    def _decode(self, plan: ChunkPlan, segment: Segment, piece: int, static: Any, carry: Any, audio: AudioSource,
                 *, clock: Clock) -> Generator[Published, None, Any]:
-        """Decode ``segment`` in pieces of at most ``piece`` frames (of even lengths), each published as it is
-        drawn, the segment's audio with the last; return the decode carry after it."""
+        """Decode ``segment`` and publish it: whole, or (``piece`` > 0) in pieces of at most ``piece`` frames (of
+        even lengths), each published as it is drawn; return the decode carry after it."""
         n = segment.end - segment.start
-        count = math.ceil(n / piece)
+        count = max(1, math.ceil(n / piece)) if piece else 1
         bounds = [segment.start + n * k // count for k in range(count + 1)]
         for a, b in zip(bounds, bounds[1:]):
-            frames, carry = _run_timed(self.decode, segment.piece(a, b), static=static, carry=carry, plan=plan,
-                                       clock=clock)
-            more = b < segment.end
-            if more:
-                out_audio = audio.output_audio(segment.start, segment.start)  # (C, 0)
-            else:
-                with clock("audio"):
-                    out_audio = audio.output_audio(segment.start, segment.end)
-            yield Published(plan=plan, start=frames.start, frames=frames.frames, audio=out_audio,
-                            segment_start=segment.start, more=more)
-            del frames, out_audio
+            part = segment if count == 1 else segment.piece(a, b)
+            frames, carry = _run_timed(self.decode, part, static=static, carry=carry, plan=plan, clock=clock)
+            yield self._published(plan, segment, frames, audio, clock=clock, more=b < segment.end)
+            del frames  # (the consumer holds them now: not kept alive while the next piece is decoded)
         return carry
+
+    def _published(self, plan: ChunkPlan, segment: Segment, frames: Frames, audio: AudioSource, *, clock: Clock,
+                   more: bool = False) -> Published:
+        """``frames``, all of ``segment`` or a piece of it, with the segment's audio (none before its last piece)."""
+        if more:
+            out_audio = audio.output_audio(segment.start, segment.start)  # (C, 0)
+        else:
+            with clock("audio"):
+                out_audio = audio.output_audio(segment.start, segment.end)
+        return Published(plan=plan, start=frames.start, frames=frames.frames, audio=out_audio,
+                         segment_start=segment.start, more=more)
 
     def _checkpoint(self, plans_done: int, plan: ChunkPlan, state: RollingState) -> Checkpoint:
         saved = replace(state, carries=tuple(s.saved_carry(c) for s, c in zip(self.generate, state.carries)),

@@ -90,10 +90,10 @@ class Published:
     start: int
     frames: np.ndarray  # (T, H, W, 3) uint8
     audio: np.ndarray  # (C, n) float32 at the output audio rate
-    # A segment published in pieces (``stream(pieces=True)``): frames [start, end) of the segment that starts
-    # at ``segment_start``; ``more`` pieces of it follow. Its audio, all of it, comes with its last piece
-    # (the pieces before it have none).
-    segment_start: int | None = None  # None: this is the whole segment
+    # Frames [start, end) of the segment that starts at ``segment_start``: all of it, or a piece when it is
+    # published in pieces (``stream(pieces=True)``), with ``more`` pieces of it to follow. The segment's audio,
+    # all of it, comes with its last piece (the pieces before it have none).
+    segment_start: int | None = None  # None: the segment that starts at ``start``
     more: bool = False
 
     @property
