@@ -118,7 +118,8 @@ class Pipeline:
         return max(0, plan.start - C - T - 1 - math.ceil(self.audio_pad_s * self.fps))
 
     def puts_per_chunk(self) -> int:
-        """The pieces an N chunk's frames go out in, at most (``stream(pieces=True)``)."""
+        """Puts of pieces (``stream(pieces=True)``) that hold a chunk's frames or fewer: a writer's queue of one
+        chunk counts this many (a 45-frame segment goes in five of 9, so four of them are 36 frames)."""
         piece = self.decode_piece_frames
         return math.ceil(self.sizes.chunk_frames / piece) if piece else 1
 
