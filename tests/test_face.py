@@ -282,6 +282,22 @@ def test_a_group_photo_says_which_face_is_rendered_and_face_index_picks_another(
     assert choose_face(group[:, -512:], FaceDetector(), None)[1] == ""  # one face: nothing to say
 
 
+def test_boxes_a_closer_look_rejects_are_not_faces(group: np.ndarray) -> None:
+    """A box the cascade fires on in which the closer look (``is_face``: the landmark model's) sees no face, a hand
+    or a patterned shirt, is neither rendered nor counted, nor is a tilted copy's."""
+    looked_at = []
+
+    def right_only(box: Box, roll: float) -> bool:
+        looked_at.append(box)
+        return box.x > group.shape[1] / 2
+
+    layout, note = choose_face(group, FaceDetector(index=1), None, is_face=right_only)
+    assert len(looked_at) == 2 and layout.face.x > group.shape[1] / 2 and note == ""  # one face: nothing to say
+    with pytest.raises(AvatarRenderError, match="face.index=2 asks for the face 2nd from the left, but 1 face was"):
+        choose_face(group, FaceDetector(index=2), None, is_face=right_only)
+    assert choose_face(group, FaceDetector(), None, is_face=lambda box, roll: False) == (None, "")
+
+
 def test_render_of_a_group_photo_names_the_face(tmp_path: Path, group: np.ndarray) -> None:
     from PIL import Image
 
@@ -352,3 +368,20 @@ def test_the_template_opens_its_lips_around_the_teeth_of_a_smile(portrait: np.nd
     lips = portrait[int(LIPS.y) + 12, int(LIPS.cx)]
     shut[int(LIPS.y) : int(LIPS.y + LIPS.h), int(LIPS.x) : int(LIPS.x + LIPS.w)] = lips
     assert open_to_teeth(shut, mesh) is mesh
+
+
+@needs_model
+def test_the_landmark_model_tells_faces_from_what_the_cascade_mistook_for_one(group: np.ndarray,
+                                                                             monkeypatch) -> None:
+    """The cascade's boxes checked by the landmark model, as a render checks them: both faces kept, a box on
+    the astronaut's suit (standing in for the cascade's mistakes: a hand, a shirt) dropped."""
+    real = FaceDetector._search
+    suit = Box(group.shape[1] - 232, 360, 120, 120)
+    monkeypatch.setattr(FaceDetector, "_search", lambda self, image, side, **kw: [*real(self, image, side, **kw), suit])
+    assert len(FaceDetector().faces(group)) == 3
+    model = LandmarkModel(find_model())
+    layout, note = choose_face(group, FaceDetector(index=2), None, is_face=model.finds_face(group))
+    assert note.startswith("2 faces were found in the reference; rendering face.index=2, the 2nd from the left")
+    assert layout.face.x > group.shape[1] / 2 and layout.face.x + layout.face.w < suit.x + suit.w
+    mesh = model.from_box(group, layout.face)
+    assert mesh is not None and layout.face.x < mesh.points[:, 0].mean() < layout.face.x + layout.face.w

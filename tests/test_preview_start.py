@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from avatar_render.config import load_config
 from avatar_render.face import mesh as fm
 from avatar_render.face.detect import FaceDetector, choose_face
+from avatar_render.face.landmarks import LandmarkModel, find_model
 from avatar_render.io.reference import load_reference
 from avatar_render.preview import ahead, early
 from avatar_render.preview.phones import PhoneRecognizer
@@ -73,16 +74,20 @@ def test_the_maps_are_those_of_the_banks_made_whole(tmp_path):
 def test_the_early_face_is_taken_for_the_same_pixels_and_index_only():
     cfg = load_config(None, ())
     image = load_reference(FACE)
-    expected = choose_face(image, FaceDetector(), None)
+    path = find_model(cfg.face.landmarks)
+    model = None if path is None else LandmarkModel(path)
+    expected = choose_face(image, FaceDetector(), None, is_face=None if model is None else model.finds_face(image))
     early.start(cfg, FACE)
-    assert early.take_face(image, None) == expected
-    assert early.take_face(image, None) is None  # (taken once)
+    assert early.take_face(image, None, model) == expected
+    assert early.take_face(image, None, model) is None  # (taken once)
     early.start(cfg, FACE)
     other = image.copy()
     other[0, 0] ^= 1
-    assert early.take_face(other, None) is None  # another image: the set-up looks itself
+    assert early.take_face(other, None, model) is None  # another image: the set-up looks itself
     early.start(cfg, FACE)
-    assert early.take_face(image, 1) is None  # another face.index
+    assert early.take_face(image, 1, model) is None  # another face.index
+    early.start(load_config(None, ("face.landmarks=template",)), FACE)
+    assert early.take_face(image, None, LandmarkModel(FACE)) is None  # the boxes looked at by another model (none)
     early.start(load_config(None, ("face.box=[10,10,100,100]",)), FACE)
     assert ahead.take(ahead.FACE) is None  # a face box: nothing to look for
 
@@ -91,7 +96,7 @@ def test_an_early_search_that_fails_leaves_the_set_up_to_say_why(tmp_path):
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not a png")
     early.start(load_config(None, ("preview.phones=false",)), bad)
-    assert early.take_face(load_reference(FACE), None) is None
+    assert early.take_face(load_reference(FACE), None, None) is None
     assert ahead.take(ahead.PHONE_DECODER) is None  # preview.phones=false: no decoder made
 
 

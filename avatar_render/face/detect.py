@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import cv2
 import numpy as np
@@ -26,6 +27,10 @@ _EYE_FACE_WIDTH = 240  # the face is resampled to this width for the eye search
 # Heads tilted further than the cascade sees (about 15-20 degrees): searched for in copies of the picture turned
 # by these angles, when it shows no upright face
 _ROLLS = (25.0, -25.0, 45.0, -45.0)
+
+# A closer look at a box the cascade found (and the eye line's roll, radians): whether it holds a face. The cascade
+# also fires on hands and fabric; the landmark model, where installed, tells them apart (``LandmarkModel.finds_face``).
+IsFace = Callable[[Box, float], bool]
 
 
 class FaceDetector(Module):
@@ -69,17 +74,22 @@ class FaceDetector(Module):
         chosen = self.choose(faces)
         return None if chosen is None else self.layout(image, faces[chosen])
 
-    def faces(self, image: np.ndarray, *, thorough: bool = False) -> tuple[Box, ...]:
+    def faces(self, image: np.ndarray, *, thorough: bool = False, is_face: IsFace | None = None) -> tuple[Box, ...]:
         """Every frontal face in an (H, W, 3) uint8 RGB image, left to right, in its pixels. Searched in a copy
         of at most _DETECT_SIDE pixels, faces down to 5 % of its shorter side; ``thorough`` (a reference, looked
         at once; not a video's frames): where there is none, again in a larger one, down to the cascade's
-        smallest (a face of 90 px in a 3000-px photo)."""
-        boxes = self._search(image, _DETECT_SIDE, small_faces=False)
+        smallest (a face of 90 px in a 3000-px photo). Only the boxes ``is_face`` keeps count, when given."""
+
+        def search(side: int, **kwargs) -> list[Box]:
+            boxes = self._search(image, side, **kwargs)
+            return boxes if is_face is None else [b for b in boxes if is_face(b, 0.0)]
+
+        boxes = search(_DETECT_SIDE, small_faces=False)
         # (and without the histogram's equalisation, which a large plain backdrop skews: a portrait on a flat grey
         # taking a tenth of the picture is not found with it)
         for equalize in (True, False) if thorough else ():
             if not boxes:
-                boxes = self._search(image, _SMALL_FACE_SIDE, small_faces=True, equalize=equalize)
+                boxes = search(_SMALL_FACE_SIDE, small_faces=True, equalize=equalize)
         return tuple(sorted(boxes, key=lambda b: (b.x, b.y)))
 
     def _search(self, image: np.ndarray, side: int, *, small_faces: bool, equalize: bool = True) -> list[Box]:
@@ -98,9 +108,10 @@ class FaceDetector(Module):
         return [Box(x / scale, y / scale, w / scale, h / scale)
                 for x, y, w, h in (found.tolist() if len(found) else [])]
 
-    def tilted(self, image: np.ndarray) -> FaceLayout | None:
+    def tilted(self, image: np.ndarray, *, is_face: IsFace | None = None) -> FaceLayout | None:
         """The layout of the largest face found in a copy of an (H, W, 3) uint8 RGB image turned by one of
-        ``_ROLLS``, mapped back (its eyes along the tilted eye line, ``roll`` set); None if there is none."""
+        ``_ROLLS``, mapped back (its eyes along the tilted eye line, ``roll`` set); None if there is none (or
+        ``is_face``, when given, keeps none of them)."""
         height, width = image.shape[:2]
         scale = min(1.0, _DETECT_SIDE / max(height, width))
         small = image if scale == 1.0 else cv2.resize(
@@ -125,6 +136,8 @@ class FaceDetector(Module):
 
             left, right = undo(found.left_eye), undo(found.right_eye)
             roll = float(np.arctan2(right.cy - left.cy, right.cx - left.cx))
+            if is_face is not None and not is_face(undo(found.face), roll):
+                continue
             return FaceLayout(face=undo(found.face), left_eye=left, right_eye=right, mouth=undo(found.mouth),
                               detected=True, roll=roll)
         return None
@@ -203,20 +216,20 @@ def find_face(image: np.ndarray, detector: FaceDetector, face_box: list[int] | N
     return choose_face(image, detector, face_box)[0]
 
 
-def choose_face(image: np.ndarray, detector: FaceDetector,
-                face_box: list[int] | None) -> tuple[FaceLayout | None, str]:
+def choose_face(image: np.ndarray, detector: FaceDetector, face_box: list[int] | None, *,
+                is_face: IsFace | None = None) -> tuple[FaceLayout | None, str]:
     """The face layout of a reference image as ``find_face`` gives it, and what a user should know when
     it shows several faces (which one is rendered, how to pick another); a ``face.index`` beyond the faces
-    found is refused."""
+    found is refused. With ``is_face``, only the boxes it keeps are faces (``face.index`` counts those)."""
     if face_box:
         return layout_from_box(Box(*map(float, face_box))), ""
-    faces = detector.faces(image, thorough=True)
+    faces = detector.faces(image, thorough=True, is_face=is_face)
     chosen = detector.choose(faces)
     if detector.index is not None and chosen is None:
         raise AvatarRenderError(f"face.index={detector.index} asks for the face {_ordinal(detector.index)} from the "
                                 f"left, but {_count(len(faces))} found in the reference.")
     if chosen is None:
-        return (detector.tilted(image) if detector.index is None else None), ""
+        return (detector.tilted(image, is_face=is_face) if detector.index is None else None), ""
     note = ""
     if len(faces) > 1:
         f = faces[chosen]

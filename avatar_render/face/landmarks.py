@@ -18,6 +18,7 @@ import cv2
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.face.detect import IsFace
 from avatar_render.face.layout import Box
 from avatar_render.face.mesh import LEFT_EYE_UPPER, NUM_POINTS, RIGHT_EYE_UPPER, FaceMesh
 from avatar_render.pipeline.module import Module
@@ -106,16 +107,19 @@ class LandmarkModel(Module):
         """Landmarks of the face in ``box`` (a detector's face box) of an (H, W, 3) uint8 RGB image, its eye line
         at ``roll`` radians; None if the model sees no face there. The crop is refined twice from the landmarks
         themselves."""
-        side = 1.7 * max(box.w, box.h)
-        down = 0.08 * box.h
-        roi = Roi(box.cx - down * math.sin(roll), box.cy + down * math.cos(roll), side, roll)
-        mesh = None
+        roi, mesh = _first_roi(box, roll), None
         for _ in range(3):
             found = self.run(image, roi)
             if found is None:
                 return mesh
             mesh, roi = found, roi_of(found)
         return mesh
+
+    def finds_face(self, image: np.ndarray) -> IsFace:
+        """Whether the model sees a face in a detector's box (and at its roll, radians) of an (H, W, 3) uint8 RGB
+        image: the check ``face.detect.choose_face`` takes, which keeps a hand or a patterned shirt the cascade
+        took for a face from being animated."""
+        return lambda box, roll: self.run(image, _first_roi(box, roll)) is not None
 
     def track(self, image: np.ndarray, previous: FaceMesh) -> FaceMesh | None:
         """Landmarks in a frame near the previous frame's (one pass, crop from the previous landmarks)."""
@@ -141,6 +145,12 @@ class LandmarkModel(Module):
         xy = points.reshape(NUM_POINTS, 3)[:, :2].astype(np.float64)  # input pixels
         back = cv2.invertAffineTransform(to_input)
         return FaceMesh(points=(xy @ back[:, :2].T + back[:, 2]).astype(np.float32), source="model")
+
+
+def _first_roi(box: Box, roll: float) -> Roi:
+    """The first crop of the face in a detector's box, its eye line at ``roll`` radians."""
+    down = 0.08 * box.h
+    return Roi(box.cx - down * math.sin(roll), box.cy + down * math.cos(roll), 1.7 * max(box.w, box.h), roll)
 
 
 def roi_of(mesh: FaceMesh) -> Roi:

@@ -13,7 +13,7 @@ from avatar_render.backends import backend
 from avatar_render.config import Config
 from avatar_render.errors import AvatarRenderError
 from avatar_render.face.detect import FaceDetector, choose_face
-from avatar_render.face.landmarks import find_model
+from avatar_render.face.landmarks import LandmarkModel, find_model
 from avatar_render.files.names import shown
 from avatar_render.files.render_paths import render_paths
 from avatar_render.io.audio import AudioReader
@@ -180,7 +180,9 @@ def _schedule(sizes: dict[str, int], frames: Optional[int]) -> tuple[Optional[in
 def _face(image, cfg: Config) -> str:
     if cfg.face.box is not None:
         return f"placed by face.box={cfg.face.box}"
-    layout, note = choose_face(image, FaceDetector(index=cfg.face.index), None)
+    path = find_model(cfg.face.landmarks) if backend(cfg.backend).rig else None  # (the render looks with it too)
+    is_face = None if path is None else LandmarkModel(path).finds_face(image)
+    layout, note = choose_face(image, FaceDetector(index=cfg.face.index), None, is_face=is_face)
     if layout is None:
         if cfg.run.no_face == "error":
             raise AvatarRenderError("No face was found in the reference; place it with face.box=[x,y,w,h], or pass "

@@ -123,8 +123,11 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
         return (() if self.face_box else (self.detector,)) + ((self.landmarks,) if self.landmarks else ())
 
     def run(self, x: RequestInput, *, static: Any, carry: Any) -> tuple[PreviewStatic, None]:
-        found = None if self.face_box else early.take_face(x.reference, self.detector.index)  # (looked for already?)
-        layout, note = found if found is not None else choose_face(x.reference, self.detector, self.face_box)
+        found = None if self.face_box else early.take_face(x.reference, self.detector.index, self.landmarks)
+        if found is None:  # (not looked for already)
+            is_face = None if self.landmarks is None else self.landmarks.finds_face(x.reference)
+            found = choose_face(x.reference, self.detector, self.face_box, is_face=is_face)
+        layout, note = found
         detected = layout is not None and layout.detected
         focus = None if layout is None else (layout.face.x, layout.face.y, layout.face.w, layout.face.h)
         image, fit = fit_to_frame(x.reference, x.width, x.height, focus=focus)
