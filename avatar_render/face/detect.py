@@ -134,12 +134,12 @@ class FaceDetector(Module):
                 x, y = back[:, :2] @ (box.cx, box.cy) + back[:, 2]
                 return Box.around(float(x), float(y), box.w / scale, box.h / scale)
 
-            left, right = undo(found.left_eye), undo(found.right_eye)
+            face, left, right = undo(found.face), undo(found.left_eye), undo(found.right_eye)
             roll = float(np.arctan2(right.cy - left.cy, right.cx - left.cx))
-            if is_face is not None and not is_face(undo(found.face), roll):
+            if is_face is not None and not is_face(face, roll):
                 continue
-            return FaceLayout(face=undo(found.face), left_eye=left, right_eye=right, mouth=undo(found.mouth),
-                              detected=True, roll=roll)
+            return FaceLayout(face=face, left_eye=left, right_eye=right, mouth=undo(found.mouth), detected=True,
+                              roll=roll)
         return None
 
     def choose(self, faces: tuple[Box, ...]) -> int | None:
