@@ -23,6 +23,7 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.face import mesh as fm
 from avatar_render.face.detect import FaceDetector
 from avatar_render.face.landmarks import LandmarkModel, find_model
+from avatar_render.face.layout import Box
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import open_reference
 from avatar_render.io.video_source import SourceFrames, SourceTimeline, probe_source
@@ -30,6 +31,7 @@ from avatar_render.job.setup import request_input
 from avatar_render.metrics.inspect import SOURCE_FRAME, inspect_video
 from avatar_render.metrics.summary import summary_rows
 from avatar_render.pipeline.types import ChunkInput
+from avatar_render.preview.dub import scan_faces
 from avatar_render.preview.engine import build_preview
 from tests import reference_video
 from tests.media import speech_like, write_audio
@@ -212,6 +214,39 @@ def test_the_source_mouth_motion_is_taken_out(media, tmp_path):
 
     source, quiet = openings(talk), openings(dubbed)
     assert source.std() > 3 * quiet.std() and source.max() > quiet.max() + 0.05
+
+
+class _Fooled(FaceDetector):
+    """The cascade taking something in the lower right corner for a face larger than the real one in every
+    frame (as it takes a raised hand); ``faces=False``: and missing the real face."""
+
+    def __init__(self, *, faces: bool = True) -> None:
+        super().__init__()
+        self.real = faces
+
+    def _search(self, image, side, **kwargs):
+        h, w = image.shape[:2]
+        found = super()._search(image, side, **kwargs) if self.real else []
+        return found + [Box(0.62 * w, 0.5 * h, 0.375 * w, 0.5 * h)]
+
+
+def test_a_box_the_landmark_model_rejects_does_not_take_the_face_track(media):
+    if find_model("auto") is None:
+        pytest.skip("the face landmark model is not installed (scripts/fetch_face_model.py)")
+    _, video = open_reference(media / "take.mp4", fps=Fraction(25), timing="loop")
+    model = LandmarkModel(find_model("auto"))
+    plain = scan_faces(video, FaceDetector(), model, None)
+    fooled = scan_faces(video, _Fooled(), model, None)
+    assert fooled.found == plain.found == plain.sampled
+    assert np.abs(fooled.boxes - plain.boxes).max() < 1.0
+    # Without the check the larger box is taken (what the track was before it), and where the model confirms no
+    # box at all (a blurred take), the boxes it rejects still make the track rather than refuse the video.
+    def corner(t):
+        return (t.boxes[:, 0] + t.boxes[:, 2] / 2 > 0.62 * 240).all() and (t.boxes[:, 1] > 0.4 * 180).all()
+
+    assert corner(scan_faces(video, _Fooled(), None, None))
+    blurred = scan_faces(video, _Fooled(faces=False), model, None)
+    assert blurred.found == blurred.sampled and corner(blurred)
 
 
 def test_a_video_with_few_faces_is_refused(tmp_path):

@@ -116,6 +116,7 @@ def scan_faces(video: VideoReference, detector: FaceDetector, landmarks: Landmar
     if samples[-1] != n - 1:
         samples.append(n - 1)
     found = np.full((len(samples), 4), np.nan, np.float32)
+    unconfirmed = found.copy()  # boxes of the detector's in which the landmark model saw no face
     scale = min(1.0, _DETECT_SIDE / max(info.width, info.height))
     reader = SourceFrames(info)
     mesh: fm.FaceMesh | None = None
@@ -126,9 +127,16 @@ def scan_faces(video: VideoReference, detector: FaceDetector, landmarks: Landmar
             if mesh is None:
                 small = (frame if scale == 1.0
                          else cv2.resize(frame, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA))
-                layout = detector.detect(small)
-                if layout is None:
+                faces = detector.faces(small)
+                kept = faces if landmarks is None else _confirmed(faces, landmarks, frame, scale)
+                chosen = detector.choose(kept)
+                if chosen is None:
+                    loose = None if kept else detector.choose(faces)  # (the model saw no face at all)
+                    if loose is not None:
+                        b = faces[loose]
+                        unconfirmed[k] = (b.x / scale, b.y / scale, b.w / scale, b.h / scale)
                     continue
+                layout = detector.layout(small, kept[chosen])
                 b = layout.face
                 box = Box(b.x / scale, b.y / scale, b.w / scale, b.h / scale)
                 mesh = landmarks.from_box(frame, box) if landmarks is not None else None
@@ -139,6 +147,10 @@ def scan_faces(video: VideoReference, detector: FaceDetector, landmarks: Landmar
             found[k] = (b.x, b.y, b.w, b.h)
     finally:
         reader.close()
+    # A box the model rejects (a hand, a face on a poster) counts only where the model confirms too few frames (a
+    # blurred take): then the track is what it would be without the check.
+    if (~np.isnan(found[:, 0])).sum() < MIN_FACE_SHARE * len(samples):
+        found = np.where(np.isnan(found), unconfirmed, found)
     ok = ~np.isnan(found[:, 0])
     hits = int(ok.sum())
     if hits == 0:
@@ -157,6 +169,13 @@ def scan_faces(video: VideoReference, detector: FaceDetector, landmarks: Landmar
     w, h = np.median(boxes[:, 2]), np.median(boxes[:, 3])
     out = np.stack([cx - w / 2, cy - h / 2, np.full(n, w), np.full(n, h)], axis=1).astype(np.float32)
     return FaceTrack(boxes=out, found=hits, sampled=len(samples))
+
+
+def _confirmed(faces: tuple[Box, ...], landmarks: LandmarkModel, frame: np.ndarray, scale: float) -> tuple[Box, ...]:
+    """The boxes (found in a copy of ``frame`` scaled by ``scale``) in which the landmark model sees a face
+    (``LandmarkModel.finds_face``, on the full frame)."""
+    finds = landmarks.finds_face(frame)
+    return tuple(b for b in faces if finds(Box(b.x / scale, b.y / scale, b.w / scale, b.h / scale), 0.0))
 
 
 def _smooth(x: np.ndarray, sigma: float) -> np.ndarray:
