@@ -25,6 +25,8 @@ MIN_MOUTH_PX = 8.0  # narrower mouths are not animated (only the head moves)
 _CHEEKS = (50, 101, 118, 205, 280, 330, 347, 425)  # landmarks on the cheeks, for the skin's colour
 _MOUTH_RED = (1.1, 0.6, 0.56)  # the mouth's lining, relative to the skin's brightness
 _RING = 1.35  # fixed vertices on the face outline scaled by this about its centre
+_HEAD = 1.25  # the face outline scaled by this about its centre (the ears, the hair at the temples) moves whole
+_MIN_BAND = 0.15  # face widths: the narrowest the band over which the head's motion fades into the background gets
 
 
 def _bracket(levels: tuple[float, ...], value: float) -> tuple[int, float]:
@@ -369,6 +371,15 @@ def _head_mask(mesh: fm.FaceMesh, width: int, height: int, include: Rect | None 
     centre = (top + chin) / 2 - 0.08 * face_h * ey
     a, b = 0.62 * face_w, 0.62 * face_h
     band = 0.3 * face_w
+    # A wide face reaches past that ellipse on its sides: it widens to take them in, and its band narrows as much
+    # (the rectangle, and the cost of the remap, stay as they were).
+    c = oval.mean(axis=0)
+    s_, t_ = ((c + (oval - c) * _HEAD - centre) @ np.stack([ex, ey]).T).T
+    side = np.abs(t_) < 0.9 * b
+    if side.any():
+        wide = min(float((np.abs(s_[side]) / np.sqrt(1 - (t_[side] / b) ** 2)).max()), a + band - _MIN_BAND * face_w)
+        if wide > a:
+            a, band = wide, band - (wide - a)
     reach = np.array([[a + band, b + band]], np.float32)
     corners = centre + np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]], np.float32) * reach @ np.stack([ex, ey])
     rect = Rect.around(corners, width, height)
