@@ -372,7 +372,7 @@ def _head_mask(mesh: fm.FaceMesh, width: int, height: int, include: Rect | None 
     a, b = 0.62 * face_w, 0.62 * face_h
     band = 0.3 * face_w
     # A wide face reaches past that ellipse on its sides: it widens to take them in, and its band narrows as much
-    # (the rectangle, and the cost of the remap, stay as they were).
+    # (the rectangle gets no wider, and the remap no dearer).
     c = oval.mean(axis=0)
     s_, t_ = ((c + (oval - c) * _HEAD - centre) @ np.stack([ex, ey]).T).T
     side = np.abs(t_) < 0.9 * b
