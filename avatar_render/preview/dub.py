@@ -133,12 +133,10 @@ def scan_faces(video: VideoReference, detector: FaceDetector, landmarks: Landmar
                 if chosen is None:
                     loose = None if kept else detector.choose(faces)  # (the model saw no face at all)
                     if loose is not None:
-                        b = faces[loose]
-                        unconfirmed[k] = (b.x / scale, b.y / scale, b.w / scale, b.h / scale)
+                        b = _unscaled(faces[loose], scale)
+                        unconfirmed[k] = (b.x, b.y, b.w, b.h)
                     continue
-                layout = detector.layout(small, kept[chosen])
-                b = layout.face
-                box = Box(b.x / scale, b.y / scale, b.w / scale, b.h / scale)
+                box = _unscaled(detector.layout(small, kept[chosen]).face, scale)
                 mesh = landmarks.from_box(frame, box) if landmarks is not None else None
                 if mesh is None:
                     found[k] = (box.x, box.y, box.w, box.h)
@@ -175,7 +173,12 @@ def _confirmed(faces: tuple[Box, ...], landmarks: LandmarkModel, frame: np.ndarr
     """The boxes (found in a copy of ``frame`` scaled by ``scale``) in which the landmark model sees a face
     (``LandmarkModel.finds_face``, on the full frame)."""
     finds = landmarks.finds_face(frame)
-    return tuple(b for b in faces if finds(Box(b.x / scale, b.y / scale, b.w / scale, b.h / scale), 0.0))
+    return tuple(b for b in faces if finds(_unscaled(b, scale), 0.0))
+
+
+def _unscaled(b: Box, scale: float) -> Box:
+    """A box found in a copy of a frame scaled by ``scale``, in the frame's pixels."""
+    return Box(b.x / scale, b.y / scale, b.w / scale, b.h / scale)
 
 
 def _smooth(x: np.ndarray, sigma: float) -> np.ndarray:
