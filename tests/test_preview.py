@@ -458,6 +458,26 @@ def test_the_measures_head_undo_finds_the_rendered_head_motion(example):
     assert max(errors) < 0.2, errors
 
 
+@pytest.mark.skipif(find_model() is None, reason="face landmark model not installed (scripts/fetch_face_model.py)")
+def test_the_measures_find_a_face_the_cascade_misses_where_the_reference_has_it(example):
+    """Behind drawn spectacle frames the cascade can miss the first frame's face: the measures then start from
+    the reference's landmarks instead of stopping."""
+    from avatar_render.face.detect import FaceDetector
+    from avatar_render.face.landmarks import LandmarkModel
+    from avatar_render.metrics.face_track import FaceTracker
+
+    class Blind(FaceDetector):
+        def faces(self, image, **kwargs):
+            return ()
+
+    rig = example.rig
+    tracker = FaceTracker(LandmarkModel(find_model()), rig.mesh)
+    tracker._detector = Blind()
+    read = tracker.read(render_frame(rig, row(open_=0.5, dx=0.01)))
+    assert abs(read.mouth_width - rig.mesh.mouth_width() / rig.mesh.eye_distance) < 0.1
+    assert read.lip_gap > rig.mesh.lip_gap() / rig.mesh.eye_distance  # the opened mouth is read
+
+
 @pytest.mark.parametrize("size", [512, 1024])
 def test_the_still_region_ends_where_its_mouth_region_begins(size):
     """The identity measure's still region stops at its mouth region's line, 0.15 eye distances above the nose

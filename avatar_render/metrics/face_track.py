@@ -30,7 +30,8 @@ class FaceReading:
 
 
 class FaceTracker:
-    """Landmarks frame after frame: found from a face box in the first frame, then followed."""
+    """Landmarks frame after frame: found from a face box in the first frame (or where the reference has its
+    face), then followed."""
 
     def __init__(
         self,
@@ -64,6 +65,8 @@ class FaceTracker:
         if mesh is None:
             layout = self._detector.detect(frame)
             mesh = self.model.from_box(frame, layout.face) if layout is not None else None
+        if mesh is None:  # (the cascade misses some faces behind drawn spectacle frames: the reference's place)
+            mesh = self.model.track(frame, self.reference)
         if mesh is None:
             raise AvatarRenderError("No face found in a frame of the video; the face measures need one in every frame.")
         self._last = mesh
