@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 
 from avatar_render.face import mesh as fm
+from avatar_render.preview.eyelids import fit_lower_lids
 from avatar_render.preview.interior import MouthInterior, build_interior, lip_colour
 from avatar_render.preview.rigid import confine, rigid_floor
 from avatar_render.preview.shapes import EyeShape, MouthShape
@@ -145,6 +146,7 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     interior = _interior(skin)
     if mesh.mouth_width() < MIN_MOUTH_PX:
         return FaceRig(image=image, mesh=mesh, interior=interior, head=_head_mask(mesh, width, height))
+    mesh = fit_lower_lids(image, mesh)
     vertices = mesh_vertices(mesh)
     # (whether it shows teeth, read on the lips' own box before the warp bank sets the final one)
     lips = Rect.around(mesh.at(fm.LIPS_OUTER_UPPER + fm.LIPS_OUTER_LOWER), width, height, margin=4.0)

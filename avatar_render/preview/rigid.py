@@ -22,6 +22,9 @@ SPAN = 0.6  # of the eye's width it must cover
 DARK = 0.45  # and darker than this share of the skin around the eyes (frames, black brows; not light hair)
 BAND = (0.15, 0.9)  # where above the lid it must lie, in eye widths (below: the lashes)
 LID_BAND = 0.06  # what lies closer to the lid than this (eye widths) is the lid's own edge
+# How much of the room under a rigid structure a pixel may reach up into: the skin there is stretched at most
+# fourfold. (At half, a brow low over a deep-set eye left the lid short of the lower lid: the iris showed.)
+REACH = 0.75
 
 
 def rigid_floor(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect) -> np.ndarray:
@@ -63,7 +66,16 @@ def rigid_floor(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect) -> np.ndarray:
         rigid = cv2.dilate(rigid, np.ones((5, 5), np.uint8)) & (above >= LID_BAND * width)
         ys, cols = np.nonzero(rigid)
         np.maximum.at(floor, cols, ys.astype(np.float32) + rect.y0 + 0.5)
-    return floor
+    return _smooth(floor)
+
+
+def _smooth(floor: np.ndarray, half: int = 2) -> np.ndarray:
+    """Each column's floor lowered to the lowest within ``half`` columns, then averaged over as many: no column
+    higher than it was, and the skin stretched below it changes smoothly across, not in vertical stripes."""
+    windows = np.lib.stride_tricks.sliding_window_view
+    padded = np.pad(floor, half, constant_values=-np.inf)
+    lowest = windows(padded, 2 * half + 1).max(axis=1)
+    return windows(np.pad(lowest, half, mode="edge"), 2 * half + 1).mean(axis=1).astype(np.float32)
 
 
 def confine(grids: np.ndarray, rect: Rect, floor: np.ndarray) -> np.ndarray:
@@ -74,6 +86,5 @@ def confine(grids: np.ndarray, rect: Rect, floor: np.ndarray) -> np.ndarray:
     rows = np.arange(rect.h, dtype=np.float32)[:, None] + rect.y0 + 0.5
     room = rows - floor[None] - 1.0  # how far up a pixel may reach without touching the structure
     up = np.maximum(-grids[..., 1], 1e-6)
-    # (at most half the room: the skin below is stretched at most twofold, never onto one row)
-    k = np.where(np.isfinite(room), np.clip(0.5 * room / up, 0, 1), 1.0).astype(np.float32)
+    k = np.where(np.isfinite(room), np.clip(REACH * room / up, 0, 1), 1.0).astype(np.float32)
     return grids * k[..., None]
