@@ -10,13 +10,11 @@ from avatar_render.face import mesh as fm
 from avatar_render.preview.eyelids import fit_lower_lids
 from tests.test_preview import rig_for
 
-EYES = ((fm.LEFT_EYE_UPPER, fm.LEFT_EYE_LOWER), (fm.RIGHT_EYE_UPPER, fm.RIGHT_EYE_LOWER))
-
 
 def _lower_offsets(mesh: fm.FaceMesh, than: fm.FaceMesh) -> np.ndarray:
     """(2, 7) how far down each eye's lower lid points (corners left out) lie from ``than``'s, pixels."""
     _, down = than.axes()
-    return np.array([(mesh.at(lower[1:-1]) - than.at(lower[1:-1])) @ down for _, lower in EYES])
+    return np.array([(mesh.at(lower[1:-1]) - than.at(lower[1:-1])) @ down for _, lower in fm.EYES])
 
 
 def test_a_lower_lid_contour_on_the_cheek_is_moved_up_to_the_eye():
@@ -24,7 +22,7 @@ def test_a_lower_lid_contour_on_the_cheek_is_moved_up_to_the_eye():
     image, found = rig.image, rig.mesh
     _, down = found.axes()
     points = found.points.copy()
-    for _, lower in EYES:
+    for _, lower in fm.EYES:
         points[list(lower[1:-1])] += 3.0 * down  # three pixels down on the skin under the eye
     low = fm.FaceMesh(points=points, source=found.source)
     fitted = _lower_offsets(fit_lower_lids(image, low), found)
@@ -40,7 +38,7 @@ def test_a_dark_brow_low_over_the_eye_stays_put_and_the_lid_still_closes(tmp_pat
     could reach only half the room under the brow, and the iris showed through a closed eye)."""
     rig = rig_for(512, 512).rig
     image = rig.image.copy()
-    for upper, _ in EYES:
+    for upper, _ in fm.EYES:
         lid = rig.mesh.at(upper)
         width = float(np.ptp(lid[:, 0]))
         band = np.concatenate([lid - (0, 0.45 * width), (lid - (0, 0.65 * width))[::-1]])
@@ -52,7 +50,7 @@ def test_a_dark_brow_low_over_the_eye_stays_put_and_the_lid_still_closes(tmp_pat
     rect, grid = bank.rect, bank.blend(1.0)
     floor = bank.warps.floor
     short = []
-    for upper, _ in EYES:
+    for upper, _ in fm.EYES:
         lid, shut = browed.mesh.at(upper), browed.eyes.moved(1.0)[list(upper)]
         for k in (3, 4, 5):
             x, y = int(shut[k, 0]), int(round(shut[k, 1] - 1))  # the pixel on the closed line

@@ -26,6 +26,7 @@ LEFT_EYE_UPPER = (33, 246, 161, 160, 159, 158, 157, 173, 133)
 LEFT_EYE_LOWER = (33, 7, 163, 144, 145, 153, 154, 155, 133)
 RIGHT_EYE_UPPER = (362, 398, 384, 385, 386, 387, 388, 466, 263)
 RIGHT_EYE_LOWER = (362, 382, 381, 380, 374, 373, 390, 249, 263)
+EYES = ((LEFT_EYE_UPPER, LEFT_EYE_LOWER), (RIGHT_EYE_UPPER, RIGHT_EYE_LOWER))  # each eye's (upper, lower) lid
 FACE_OVAL = (
     10,
     338,
@@ -126,7 +127,7 @@ class FaceMesh:
     def eye_opening(self) -> float:
         """Mean lid distance of both eyes over their widths (about 0.25-0.35 open, under 0.1 closed)."""
         out = []
-        for upper, lower in ((LEFT_EYE_UPPER, LEFT_EYE_LOWER), (RIGHT_EYE_UPPER, RIGHT_EYE_LOWER)):
+        for upper, lower in EYES:
             u, lo = self.at(upper[2:7]), self.at(lower[2:7])
             width = float(np.linalg.norm(self.points[upper[-1]] - self.points[upper[0]]))
             out.append(float(np.linalg.norm(lo - u, axis=1).mean()) / max(width, 1e-6))
@@ -142,7 +143,7 @@ class FaceMesh:
         lips = self.at(LIPS_OUTER_UPPER + LIPS_OUTER_LOWER)
         bottom = float(lips[:, 1].max()) + 0.1 * d
         eyes = []
-        for upper, lower in ((LEFT_EYE_UPPER, LEFT_EYE_LOWER), (RIGHT_EYE_UPPER, RIGHT_EYE_LOWER)):
+        for upper, lower in EYES:
             pts = self.at(upper + lower)
             c = pts.mean(axis=0)
             eyes.append(Box.around(c[0], c[1], 0.46 * d, 0.24 * d))

@@ -144,7 +144,7 @@ def still_mask(mesh: fm.FaceMesh, shape: tuple[int, int]) -> np.ndarray:
             lower + [mesh.points[61] - (0.35 * d, 0.1 * d), mesh.points[291] + (0.35 * d, -0.1 * d)], np.float32
         )
         cv2.fillPoly(move, [np.round(cv2.convexHull(pts)).astype(np.int32)], 1)
-    for upper, low in ((fm.LEFT_EYE_UPPER, fm.LEFT_EYE_LOWER), (fm.RIGHT_EYE_UPPER, fm.RIGHT_EYE_LOWER)):
+    for upper, low in fm.EYES:
         pts = mesh.at(upper + low)
         c, size = pts.mean(axis=0), pts.max(axis=0) - pts.min(axis=0)
         lo, hi = c - size * (0.8, 1.6), c + size * (0.8, 1.4)

@@ -24,19 +24,23 @@ _WEIGHT = np.array([1.0, 1.5, 1.5], np.float32)  # chroma counts more than light
 
 def fit_lower_lids(image: np.ndarray, mesh: fm.FaceMesh) -> fm.FaceMesh:
     """The mesh with each eye's lower lid moved up to the eye's visible lower edge (an (H, W, 3) uint8 RGB image)."""
-    lab = cv2.cvtColor(image.astype(np.float32) / 255, cv2.COLOR_RGB2LAB)
     ex, ey = mesh.axes()
     points = mesh.points.copy()
     moved = False
-    for upper, lower in ((fm.LEFT_EYE_UPPER, fm.LEFT_EYE_LOWER), (fm.RIGHT_EYE_UPPER, fm.RIGHT_EYE_LOWER)):
+    for upper, lower in fm.EYES:
         width = float(np.linalg.norm(points[upper[-1]] - points[upper[0]]))
         lids = list(lower[1:-1])
         opening = (points[lids] - points[list(upper[1:-1])]) @ ey  # (K,)
         if width < 8 or opening.mean() <= 2 * STEP:
             continue
-        skin = np.median(_samples(lab, points[lids], ey, ex, np.linspace(*SKIN_BAND, 5) * width).reshape(-1, 3), axis=0)
+        # (only the eye's surroundings are converted: the whole frame cost 40 ms at 1080p before the first frame)
+        x0, y0 = np.maximum(np.floor(points[list(upper + lower)].min(axis=0) - 0.4 * width - 2), 0).astype(int)
+        x1, y1 = np.ceil(points[list(upper + lower)].max(axis=0) + 0.4 * width + 2).astype(int)
+        lab = cv2.cvtColor(image[y0:y1, x0:x1].astype(np.float32) / 255, cv2.COLOR_RGB2LAB)
+        at = points[lids] - np.array([x0, y0], np.float32)
+        skin = np.median(_samples(lab, at, ey, ex, np.linspace(*SKIN_BAND, 5) * width).reshape(-1, 3), axis=0)
         offsets = np.arange(-MAX_UP * opening.mean(), REACH_OUT * width + 1e-6, STEP, dtype=np.float32)
-        far = np.linalg.norm((_samples(lab, points[lids], ey, ex, offsets) - skin) * _WEIGHT, axis=-1)  # (K, n)
+        far = np.linalg.norm((_samples(lab, at, ey, ex, offsets) - skin) * _WEIGHT, axis=-1)  # (K, n)
         fall = -np.gradient(far, STEP, axis=1)
         best = fall.argmax(axis=1)
         up = np.where(fall[np.arange(len(lids)), best] >= MIN_FALL, -np.minimum(offsets[best], 0.0), 0.0)

@@ -300,7 +300,7 @@ def _eye_gaps(out: np.ndarray, rig: FaceRig, amount: float, inv: np.ndarray, fwd
     eyes, rect = rig.eyes, rig.head.rect
     assert eyes is not None
     moved = eyes.moved(amount)
-    for upper_idx, lower_idx in ((fm.LEFT_EYE_UPPER, fm.LEFT_EYE_LOWER), (fm.RIGHT_EYE_UPPER, fm.RIGHT_EYE_LOWER)):
+    for upper_idx, lower_idx in fm.EYES:
         upper, lower = moved[list(upper_idx)], moved[list(lower_idx)]
         sub = _forward_rect(fwd, np.concatenate([upper, lower]), rect, 2.0)
         if sub.empty:

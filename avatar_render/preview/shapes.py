@@ -174,7 +174,7 @@ class EyeShape:
         ex, ey = mesh.axes()
         out = np.zeros((len(vertices), 2), np.float32)
         lids = set()
-        for upper, lower in ((fm.LEFT_EYE_UPPER, fm.LEFT_EYE_LOWER), (fm.RIGHT_EYE_UPPER, fm.RIGHT_EYE_LOWER)):
+        for upper, lower in fm.EYES:
             lids.update(upper + lower)
             width = float(np.linalg.norm(p[upper[-1]] - p[upper[0]]))
             drops = []
