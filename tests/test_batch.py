@@ -360,11 +360,15 @@ def test_shards_are_disjoint_and_cover_the_manifest(tmp_path):
 @pytest.mark.slow
 def test_each_job_under_torchrun_over_several_processes(tmp_path, face_png):
     """--procs-per-job 2: each job is one request across two processes (the GPU variant's path; here
-    gloo on the CPU with the tiny diffusion model)."""
+    gloo on the CPU with the tiny diffusion model). The launcher leaves no log folder in the temp folder."""
     jobs = make_jobs(tmp_path / "jobs", face_png, ["t"], seconds=0.6)
+    temp = tmp_path / "temp"
+    temp.mkdir()
     done = batch(
-        jobs, "--out", tmp_path / "out", "-c", ROOT / "configs" / "tiny.yaml", "--procs-per-job", "2", cwd=tmp_path
+        jobs, "--out", tmp_path / "out", "-c", ROOT / "configs" / "tiny.yaml", "--procs-per-job", "2", cwd=tmp_path,
+        TMPDIR=str(temp),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     (job,) = summary(tmp_path / "out")["jobs"]
     assert job["status"] == "done" and job["processes"] == 2 and frames_of(tmp_path / "out" / "t.mp4") == 15
+    assert [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []  # (torch's own cache)

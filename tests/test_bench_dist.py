@@ -30,15 +30,17 @@ def test_bench_dist_prints_stage_times_and_switches():
 def test_the_short_gpu_check_runs_through_on_a_cpu(tmp_path):
     """``scripts/gpu/gpu_check.sh OUT short`` is run on a lent GPU once, with no time to fix it there: each of its
     parts must run through here first (tiny models, the GPU-only levers left out) and leave its figures."""
-    out = tmp_path / "out"
+    out, temp = tmp_path / "out", tmp_path / "temp"
+    temp.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable, "SR_CONFIG": "configs/tiny-sr.yaml",
-           "LOAD_ARGS": "--layers 2 --dim 256"}
+           "LOAD_ARGS": "--layers 2 --dim 256", "TMPDIR": str(temp)}
     log = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "gpu_check.sh"), str(out), "short"],
                          capture_output=True, text=True, timeout=600, env=env).stdout
     for part in ("sr", "sr_switches", "first_frame", "levers", "load"):
         assert f"=== {part}: exit 0" in log, log
     assert sorted(p.name for p in out.iterdir()) == ["clip.wav", "first_frame.json", "levers.json", "load.json",
                                                      "sr.json"]
+    assert [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []  # (torch's own cache)
     pipeline = json.loads((out / "first_frame.json").read_text())["pipeline"]
     for mode in ("plain", "overlap_decode"):
         assert pipeline[mode]["warm"]["frames"] >= 3 * 16 and pipeline[mode]["warm"]["steady_fps"] > 0

@@ -39,7 +39,7 @@ def env(**extra) -> dict:
 
 
 def torchrun(n: int, args: list[str], *, timeout: float = 90, **extra) -> subprocess.CompletedProcess:
-    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(n), *args]
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", str(n), f"--log-dir={os.devnull}", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env(**extra), capture_output=True, text=True, timeout=timeout)
 
 

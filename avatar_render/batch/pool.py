@@ -38,7 +38,10 @@ OnFinished = Callable[[Task, dict, float], None]  # the task, its final event, i
 def worker_command(spec: JobSpec, *, procs: int = 1) -> list[str]:
     args = ["-m", "avatar_render.batch.worker", json.dumps(spec.to_json())]
     if procs > 1:  # one request over several processes (and GPUs): the api's torchrun support
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}", *args]
+        # (its own log folder would be a new torchelastic_* in the temp folder per job, never removed: the
+        # worker's stderr is the job's log already)
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}",
+                f"--log-dir={os.devnull}", *args]
     return [sys.executable, *args]
 
 

@@ -101,7 +101,7 @@ class Campaign:
             target = ["-m", "avatar_render"]
         if self.a.torchrun:
             launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                        str(self.a.torchrun)]
+                        str(self.a.torchrun), f"--log-dir={os.devnull}"]
             return [*launcher, *(target if driver else ["-m", "avatar_render"]), *cli]
         return [sys.executable, *target, *cli]
 

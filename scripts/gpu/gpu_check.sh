@@ -62,7 +62,10 @@ export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
 
 logs=$out
-[ "$only" = short ] && logs=$(mktemp -d)
+if [ "$only" = short ]; then
+  logs=$(mktemp -d)
+  trap 'rm -rf "$logs"' EXIT
+fi
 part() {  # part NAME LIMIT_S COMMAND...
   local name=$1 limit=$2 t=$SECONDS
   shift 2
@@ -120,7 +123,7 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 launch=("$py")
 dist=()
 if [ "${gpus:-0}" -gt 1 ]; then
-  launch=(torchrun --standalone --nproc-per-node "$gpus")
+  launch=(torchrun --standalone --nproc-per-node "$gpus" --log-dir /dev/null)
   dist=("dist.sp=$gpus")
 fi
 part switches "${SWITCH_LIMIT:-150}" "${launch[@]}" scripts/bench/bench_dist.py -c configs/flashtalk.yaml --seconds 3 "$box" "${dist[@]}"
