@@ -54,7 +54,7 @@ def bench_matrix(durations=DEFAULT_DURATIONS, sizes=DEFAULT_SIZES, backends=DEFA
 
 def speech_format(source: Path) -> tuple[int, int, int]:
     """Sample rate, channels and bytes per sample of the benchmark's speech, a non-empty 16-bit PCM WAV."""
-    source = regular_file(source, what="benchmark speech", give="a 16-bit PCM WAV")
+    source = regular_file(source, what="benchmark speech", give="a 16-bit PCM WAV", empty_ok=False)
     try:
         with wave.open(str(source), "rb") as src:
             rate, channels, width, frames = src.getframerate(), src.getnchannels(), src.getsampwidth(), src.getnframes()
@@ -146,7 +146,7 @@ def check_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_di
         for case in cases:
             check_target(reports / report_name(case), what="benchmark report", force=force, kind=REPORT,
                          inputs=inputs)
-    regular_file(reference, what="reference", give="an image or video file")
+    regular_file(reference, what="reference", give="an image or video file", empty_ok=False)
     rate, channels, width = speech_format(speech)
     longest = max(c.seconds for c in cases)
     need = math.ceil(longest * rate) * channels * width + (64 << 20)

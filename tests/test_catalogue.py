@@ -291,7 +291,7 @@ CASES = {
     # The reference: broken or unusable media.
     "ref: SVG (opens, nothing decodes it)": Case(
         "'{d}/face.svg' is in a format nothing here can decode", ref="face.svg"),
-    "ref: zero bytes": Case("'{d}/zero.png' is not an image or video file that can be read", ref="zero.png"),
+    "ref: zero bytes": Case("'{d}/zero.png' is empty (0 bytes); give an image or video file", ref="zero.png"),
     "ref: text named .png": Case("'{d}/notes.png' is not an image or video file that can be read", ref="notes.png"),
     "ref: random bytes named .jpg": Case(
         "'{d}/noise.jpg' is not an image or video file that can be read", ref="noise.jpg"),
@@ -310,7 +310,7 @@ CASES = {
     "audio: a folder": Case("'{d}/folder' is a folder, not a regular file", audio="folder"),
     "audio: missing": Case("'{d}/missing.wav' does not exist", audio="missing.wav"),
     # The audio: broken or unusable media.
-    "audio: zero bytes": Case("'{d}/zero.mp3' is not a readable audio or video file", audio="zero.mp3"),
+    "audio: zero bytes": Case("'{d}/zero.mp3' is empty (0 bytes); give an audio or video file", audio="zero.mp3"),
     "audio: garbage": Case("'{d}/garbage.wav' is not a readable audio or video file", audio="garbage.wav"),
     "audio: truncated header": Case(
         "'{d}/header_only.wav' is not a readable audio or video file", audio="header_only.wav"),

@@ -88,7 +88,7 @@ def media(tmp_path_factory, face_png):
 
 ERRORS = {  # case: (arguments after render --ref R --audio A -o O, with {d} the folder; words the error line holds)
     "audio: unreadable": (("--audio", "{d}/garbage.wav"), "is not a readable audio or video file"),
-    "audio: zero bytes": (("--audio", "{d}/zero.wav"), "is not a readable audio or video file"),
+    "audio: zero bytes": (("--audio", "{d}/zero.wav"), "is empty (0 bytes); give an audio or video file"),
     "audio: truncated header": (("--audio", "{d}/header_only.wav"), "is not a readable audio or video file"),
     "audio: no samples": (("--audio", "{d}/empty.wav"), "holds no audio samples"),
     "audio: missing": (("--audio", "{d}/missing.wav"), "does not exist"),
@@ -96,7 +96,7 @@ ERRORS = {  # case: (arguments after render --ref R --audio A -o O, with {d} the
     "reference: not an image": (("--ref", "{d}/notes.png"), "is not an image or video file"),
     "reference: truncated image": (("--ref", "{d}/cut.png"), "corrupt or truncated"),
     "reference: 1x1": (("--ref", "{d}/dot.png"), "must be at least 16x16"),
-    "reference: empty file": (("--ref", "{d}/zero.jpg"), "is not an image or video file"),
+    "reference: empty file": (("--ref", "{d}/zero.jpg"), "is empty (0 bytes); give an image or video file"),
     "reference: no video stream": (("--ref", "{d}/voice.m4a"), "has no video stream"),
     "reference: no face, run.no_face=error": (("--ref", "{d}/wall.png", "run.no_face=error"), "No face was found"),
     "config: unknown key": (("preview.fsp=30",), "Unknown config key 'preview.fsp'"),

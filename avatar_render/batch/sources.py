@@ -68,7 +68,7 @@ def pair_folder(folder: Path, *, out_dir: Path, ref: Optional[Path] = None) -> J
             f"Give an output folder other than the source folder '{folder}' (its videos would be read as references)."
         )
     if ref is not None:
-        regular_file(ref, what="reference", give="an image or video file")
+        regular_file(ref, what="reference", give="an image or video file", empty_ok=False)
     refs: dict[str, list[Path]] = defaultdict(list)
     audios: dict[str, list[Path]] = defaultdict(list)
     for path in sorted(folder.iterdir()):

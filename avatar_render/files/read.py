@@ -15,16 +15,16 @@ from avatar_render.files.names import kind_of, shown
 TEXT_LIMIT = 64 << 20  # a manifest, a config, a ledger record or a report larger than this is not one
 
 
-def regular_file(path: str | Path, *, what: str, give: str) -> Path:
+def regular_file(path: str | Path, *, what: str, give: str, empty_ok: bool = True) -> Path:
     """``path`` if it names a readable regular file, else one sentence: ``The {what} '...' is ...; give {give}.``
 
     ``what`` names the role ("reference", "audio", "config file"), ``give`` what to pass instead
-    ("an image or video file"). Nothing is opened.
+    ("an image or video file"); ``empty_ok=False`` refuses a file of 0 bytes (media). Nothing is opened.
     """
     path = Path(path)
     name = f"The {what} {shown(path)}"
     try:
-        mode = path.stat().st_mode
+        st = path.stat()
     except FileNotFoundError:
         if path.is_symlink():
             raise AvatarRenderError(f"{name} is a symbolic link to a file that does not exist; give {give}.") from None
@@ -41,11 +41,13 @@ def regular_file(path: str | Path, *, what: str, give: str) -> Path:
         if e.errno == errno.ELOOP:
             raise AvatarRenderError(f"{name} is a symbolic link that loops back on itself; give {give}.") from None
         raise AvatarRenderError(f"{name} cannot be read: {e.strerror or e}.") from None
-    kind = kind_of(mode)
+    kind = kind_of(st.st_mode)
     if kind is not None:
         raise AvatarRenderError(f"{name} is {kind}, not a regular file; give {give}.")
     if not os.access(path, os.R_OK):
         raise AvatarRenderError(f"{name} cannot be read: permission denied.")
+    if not empty_ok and st.st_size == 0:
+        raise AvatarRenderError(f"{name} is empty (0 bytes); give {give}.")
     return path
 
 

@@ -335,7 +335,7 @@ class AudioReader:
 
 
 def _open(path: Path) -> av.container.InputContainer:
-    regular_file(path, what="audio", give="an audio or video file")
+    regular_file(path, what="audio", give="an audio or video file", empty_ok=False)
     try:
         return av.open(str(path), "r")
     except (av.FFmpegError, OSError, ValueError) as error:

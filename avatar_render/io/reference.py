@@ -33,7 +33,7 @@ def load_reference(path: str | Path, *, max_pixels: int = 150_000_000) -> np.nda
     The image keeps its full resolution (so boxes given in reference pixels stay valid); its pixel
     count is checked from the header before anything is decoded. Transparency is composited over white.
     """
-    path = regular_file(path, what="reference", give="an image or video file")
+    path = regular_file(path, what="reference", give="an image or video file", empty_ok=False)
     if path.suffix.lower() in VIDEO_SUFFIXES:
         return _load_video_frame(path, max_pixels)
     try:
@@ -49,7 +49,7 @@ def open_reference(path: str | Path, *, fps: Fraction, timing: str,
     """The identity image (an image, or a video's first frame, upright) and, for a video of more than one
     frame, the video itself streamed: frames decoded on demand, played under output frame rate ``fps``
     by ``timing`` (``reference.timing``)."""
-    path = regular_file(path, what="reference", give="an image or video file")
+    path = regular_file(path, what="reference", give="an image or video file", empty_ok=False)
     if path.suffix.lower() not in VIDEO_SUFFIXES and _is_image(path):
         return load_reference(path, max_pixels=max_pixels), None
     first = _load_video_frame(path, max_pixels, from_image_fallback=path.suffix.lower() not in VIDEO_SUFFIXES)
@@ -81,7 +81,7 @@ def image_within(path: Path, max_pixels: int) -> bool:
     """Whether ``path`` is a regular file, an image Pillow knows of at most ``max_pixels``, by its header alone
     (a pipe or a device is never opened: it could block)."""
     try:
-        _open_image(regular_file(path, what="reference", give="an image"), max_pixels).close()
+        _open_image(regular_file(path, what="reference", give="an image", empty_ok=False), max_pixels).close()
     except (AvatarRenderError, UnidentifiedImageError, OSError):
         return False
     return True
