@@ -207,7 +207,7 @@ def test_errors(tmp_path: Path) -> None:
     with pytest.raises(AvatarRenderError, match="at least 16x16"):
         load_reference(tmp_path / "strip.png")
     (tmp_path / "empty.jpg").write_bytes(b"")
-    with pytest.raises(AvatarRenderError, match="not an image or video"):
+    with pytest.raises(AvatarRenderError, match=r"is empty \(0 bytes\); give an image or video file"):
         load_reference(tmp_path / "empty.jpg")
 
 
