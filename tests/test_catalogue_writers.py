@@ -181,6 +181,19 @@ def test_inspect_refuses_before_reading_a_frame(d, video, args, words):
     assert snapshot(d) == before
 
 
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p.write_bytes(b""), "is empty (0 bytes); give a video file"),
+    (lambda p: p.mkdir(), "is a folder, not a regular file; give a video file"),
+    (lambda p: os.mkfifo(p), "is a named pipe (FIFO), not a regular file; give a video file"),  # (never opened)
+    (lambda p: None, "does not exist; check the path"),
+])
+def test_inspect_names_what_its_video_is(tmp_path, make, words):
+    make(tmp_path / "v.mp4")
+    before = sorted(os.listdir(tmp_path))  # (names only: a FIFO's content would block)
+    refused(cli("inspect", str(tmp_path / "v.mp4")), f"The video '{tmp_path / 'v.mp4'}' {words}")
+    assert sorted(os.listdir(tmp_path)) == before
+
+
 def test_inspect_replaces_its_own_files_and_others_only_with_force(d, video):
     from avatar_render.files.targets import is_ours
 

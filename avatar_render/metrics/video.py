@@ -11,6 +11,7 @@ import av
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.read import regular_file
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,7 @@ def iter_frames(path: str | Path) -> Iterator[np.ndarray]:
 
 
 def _open(path: Path) -> av.container.InputContainer:
-    if not path.is_file():
-        raise AvatarRenderError(f"The video '{path}' does not exist.")
+    regular_file(path, what="video", give="a video file", empty_ok=False)
     try:
         container = av.open(str(path))
     except (av.FFmpegError, OSError, ValueError):
