@@ -81,7 +81,7 @@ def image_within(path: Path, max_pixels: int) -> bool:
     """Whether ``path`` is a regular file, an image Pillow knows of at most ``max_pixels``, by its header alone
     (a pipe or a device is never opened: it could block)."""
     try:
-        _open_image(regular_file(path, what="reference", give="an image", empty_ok=False), max_pixels).close()
+        _open_image(regular_file(path, what="reference", give="an image"), max_pixels).close()
     except (AvatarRenderError, UnidentifiedImageError, OSError):
         return False
     return True
