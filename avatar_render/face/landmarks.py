@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,9 @@ GET_MODEL = "avatar-render setup"  # the install step that puts it in place
 _INPUT = 192  # the model's square input, pixels
 _ROI_SCALE = 1.5  # crop side / landmark extent, as MediaPipe's tracking crops
 _MIN_SCORE = 0.5  # face presence probability below which the landmarks are rejected
+# OpenCV's TFLite reader and its nets are not safe to use from two threads at once (a render reads the model in
+# its planning thread and in the preview's loading thread): failed reads, crashes and endless spins were seen.
+_DNN = threading.Lock()
 
 
 def model_search_paths() -> list[Path]:
@@ -89,9 +93,10 @@ class LandmarkModel(Module):
         if not self.path.is_file():
             raise AvatarRenderError(f"The face landmark model '{self.path}' is missing; get it with {GET_MODEL}.")
         try:
-            net = cv2.dnn.readNetFromTFLite(str(self.path))
-            net.setInput(np.zeros((1, 3, _INPUT, _INPUT), np.float32))
-            outs = net.forward(net.getUnconnectedOutLayersNames())
+            with _DNN:
+                net = cv2.dnn.readNetFromTFLite(str(self.path))
+                net.setInput(np.zeros((1, 3, _INPUT, _INPUT), np.float32))
+                outs = net.forward(net.getUnconnectedOutLayersNames())
         except cv2.error:
             raise AvatarRenderError(
                 f"The face landmark model '{self.path}' could not be read; get it again with {GET_MODEL}."
@@ -138,8 +143,9 @@ class LandmarkModel(Module):
             flags=cv2.INTER_LINEAR,
             borderMode=cv2.BORDER_CONSTANT,
         )  # (192, 192, 3) uint8
-        self._net.setInput(cv2.dnn.blobFromImage(crop, scalefactor=1 / 255.0))  # RGB in [0, 1], as trained
-        points, score = self._net.forward(self._outputs)
+        with _DNN:
+            self._net.setInput(cv2.dnn.blobFromImage(crop, scalefactor=1 / 255.0))  # RGB in [0, 1], as trained
+            points, score = self._net.forward(self._outputs)
         if 1 / (1 + math.exp(-float(score.ravel()[0]))) < _MIN_SCORE:
             return None
         xy = points.reshape(NUM_POINTS, 3)[:, :2].astype(np.float64)  # input pixels
