@@ -31,7 +31,7 @@ _INPUT = 192  # the model's square input, pixels
 _ROI_SCALE = 1.5  # crop side / landmark extent, as MediaPipe's tracking crops
 _MIN_SCORE = 0.5  # face presence probability below which the landmarks are rejected
 # OpenCV's TFLite reader and its nets are not safe to use from two threads at once (a render reads the model in
-# its planning thread and in the preview's loading thread): failed reads, crashes and endless spins were seen.
+# its set-up and in the early face search's thread): failed reads, crashes and endless spins were seen.
 _DNN = threading.Lock()
 
 
