@@ -18,7 +18,7 @@ from avatar_render.job.setup import request_input
 from avatar_render.preview import motion
 from avatar_render.preview.engine import build_preview
 from avatar_render.preview.motion import MotionCarry, blink_track, emphasis, head_track
-from avatar_render.preview.phones import RATE, Phone, PhoneRecognizer, model_dir, stop_closures
+from avatar_render.preview.phones import GAP_CLOSURE_S, RATE, Phone, PhoneRecognizer, model_dir, stop_closures
 from avatar_render.preview.render import render_frame
 from avatar_render.preview.visemes import mouth_targets
 
@@ -87,10 +87,13 @@ def test_short_pauses_in_speech_become_closures():
     low = np.sin(2 * np.pi * 300 * t).astype(np.float32)  # a dull release: lips
     high = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     high = np.diff(high, prepend=0).astype(np.float32)  # mostly above 3 kHz: tongue
-    for burst, expected in ((low, "B"), (high, "T")):
-        audio = np.concatenate([np.zeros(int(0.2 * RATE), np.float32), burst])
-        phones = (Phone("AA", 0.0, 0.1), Phone("SIL", 0.1, 0.2), Phone("AA", 0.2, 0.4))
-        assert [p.label for p in stop_closures(phones, audio)] == ["AA", expected, "AA"]
+    phones = (Phone("AA", 0.0, 0.1), Phone("SIL", 0.1, 0.2), Phone("AA", 0.2, 0.4))
+    for burst, expected in ((low, ["T", "B"]), (high, ["T"])):
+        out = stop_closures(phones, np.concatenate([np.zeros(int(0.2 * RATE), np.float32), burst]))
+        assert [p.label for p in out] == ["AA", *expected, "AA"]
+        assert out[1].start == 0.1 and all(a.end == b.start for a, b in zip(out, out[1:]))
+        # A lip closure shuts the lips over the pause's last GAP_CLOSURE_S only, teeth together before it.
+        assert out[-2].start == pytest.approx(0.2 - GAP_CLOSURE_S if expected[-1] == "B" else 0.1)
     long_pause = (Phone("AA", 0.0, 0.1), Phone("SIL", 0.1, 0.5), Phone("AA", 0.5, 0.6))
     assert stop_closures(long_pause, np.zeros(RATE, np.float32))[1].label == "SIL"
 

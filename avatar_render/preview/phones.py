@@ -21,6 +21,9 @@ from avatar_render.preview.sphinx import SphinxDecoder
 
 RATE = 16_000  # the acoustic model's sample rate
 GAP_S = 0.25  # a pause shorter than this inside speech is the closure of a stop consonant
+# ... whose lips are shut only over its last GAP_CLOSURE_S, teeth together before it: a pause that long is
+# mostly a t, k or unaspirated p (Spanish), and a whole-pause closure shut the lips on loud frames around it
+GAP_CLOSURE_S = 0.06
 ONSET_S = 0.1  # a longer pause ending in a low-pitched onset ends with the lips closed this long
 BURST_N = round(0.016 * 16_000)  # samples of the release burst after it, whose spectrum tells lips from tongue
 LOUD_BELOW_PEAK_DB = 20.0  # inside a long "pause", a stretch within this of the window's loudest 10 ms ...
@@ -112,9 +115,10 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     a filler): a neutral open vowel, but an M where the sound is a murmur (nearly all of it low-pitched, as
     a voice is behind closed lips). A short one between two sounds is the closure of a stop (the recogniser
     calls a p, b, t or k closure a pause): the lips made it when its release burst is low-pitched (most of
-    its energy under 1.5 kHz, little above 3 kHz), a B; otherwise a T. Speech that starts after a longer
-    pause with such a low-pitched onset (a b or p, and also a voiced sound such as an r or a w, which lips
-    closed in the pause open into) starts from closed lips: the pause's last ONSET_S is a B.
+    its energy under 1.5 kHz, little above 3 kHz), a B over its last GAP_CLOSURE_S after a T; otherwise a T.
+    Speech that starts after a longer pause with such a low-pitched onset (a b or p, and also a voiced sound
+    such as an r or a w, which lips closed in the pause open into) starts from closed lips: the pause's last
+    ONSET_S is a B.
     An m, b or p the recogniser heard longer than a closure is shut only over its last CLOSURE_S, up to the
     release that ends it (its segment often takes in part of the sound before it: a vowel, or the n or ng of
     "young man", quieter than the m itself); the rest is an HH, shaped by its neighbours. And
@@ -137,7 +141,11 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
         shares = _burst_shares(audio, p.end)
         lips = shares is not None and shares[0] >= LIP_BURST_LOW and shares[1] < LIP_BURST_HF
         if i > 0 and out[i - 1].label != "SIL" and p.end - p.start < GAP_S:
-            named.append(p if shares is None else Phone("B" if lips else "T", p.start, p.end))
+            if shares is None:
+                named.append(p)
+            else:
+                closure = Phone("B" if lips else "T", p.start, p.end)
+                named += _at_release(closure, GAP_CLOSURE_S, "T") if lips else [closure]
         elif lips:
             cut = max(p.start, p.end - ONSET_S)
             named += [Phone("SIL", p.start, cut)] * (cut > p.start) + [Phone("B", cut, p.end)]
@@ -180,13 +188,13 @@ def _held_shut(phones: list[Phone], level: np.ndarray) -> list[Phone]:
     return out
 
 
-def _at_release(closure: Phone, length: float = CLOSURE_S) -> list[Phone]:
-    """An m, b or p cut to the last ``length`` seconds before its release (the end of its segment), an HH before
-    it."""
+def _at_release(closure: Phone, length: float = CLOSURE_S, before: str = "HH") -> list[Phone]:
+    """An m, b or p cut to the last ``length`` seconds before its release (the end of its segment), the phone
+    ``before`` over the rest."""
     if closure.end - closure.start <= length:
         return [closure]
     start = closure.end - length
-    return [Phone("HH", closure.start, start), Phone(closure.label, start, closure.end)]
+    return [Phone(before, closure.start, start), Phone(closure.label, start, closure.end)]
 
 
 def _loud_stretches(pause: Phone, audio: np.ndarray, level: np.ndarray) -> list[Phone]:
