@@ -7,7 +7,7 @@ example for the seam ratio (``avatar-render inspect``) and its peak memory again
         [--only talk mbp ...] [--transcript] [--json figures.json] [overrides ...]
 
 --transcript renders each English recording with its words given (``preview.transcript``: the phones aligned
-to them, not heard); the Spanish one is rendered as without it.
+to them, not heard); the other languages' are rendered as without it.
 
 The extra recordings are made by ``scripts/fixtures/make_examples.py --extra OUT/rec`` (espeak-ng, and pip for the
 human voice) when missing; one that could not be made is left out, with a message.
@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FACE = ROOT / "examples" / "face.png"
 TALK = ROOT / "examples" / "talk.wav"
-EXTRA = ("voice2", "spanish", "mbp", "eeoo", "mbp_f3", "mbp_text2", "librivox")
-# aligned with their text (closures, ee/oo); Spanish is not
+EXTRA = ("voice2", "spanish", "mbp", "eeoo", "mbp_f3", "mbp_text2", "librivox", "german", "spanish2", "mandarin")
+# aligned with their text (closures, ee/oo); the other languages are not
 ENGLISH = ("voice2", "mbp", "eeoo", "mbp_f3", "mbp_text2", "librivox")
 SIZES = ((1280, 720), (1920, 1080))
 
