@@ -18,7 +18,15 @@ from avatar_render.job.setup import request_input
 from avatar_render.preview import motion
 from avatar_render.preview.engine import build_preview
 from avatar_render.preview.motion import MotionCarry, blink_track, emphasis, head_track
-from avatar_render.preview.phones import GAP_CLOSURE_S, RATE, Phone, PhoneRecognizer, model_dir, stop_closures
+from avatar_render.preview.phones import (
+    GAP_CLOSURE_S,
+    GAP_LEAD_S,
+    RATE,
+    Phone,
+    PhoneRecognizer,
+    model_dir,
+    stop_closures,
+)
 from avatar_render.preview.render import render_frame
 from avatar_render.preview.visemes import mouth_targets
 
@@ -92,8 +100,11 @@ def test_short_pauses_in_speech_become_closures():
         out = stop_closures(phones, np.concatenate([np.zeros(int(0.2 * RATE), np.float32), burst]))
         assert [p.label for p in out] == ["AA", *expected, "AA"]
         assert out[1].start == 0.1 and all(a.end == b.start for a, b in zip(out, out[1:]))
-        # A lip closure shuts the lips over the pause's last GAP_CLOSURE_S only, teeth together before it.
+        # A lip closure leaves the pause's first GAP_LEAD_S to the teeth, and shuts at least GAP_CLOSURE_S.
         assert out[-2].start == pytest.approx(0.2 - GAP_CLOSURE_S if expected[-1] == "B" else 0.1)
+    longer = (Phone("AA", 0.0, 0.1), Phone("SIL", 0.1, 0.3), Phone("AA", 0.3, 0.4))
+    out = stop_closures(longer, np.concatenate([np.zeros(int(0.3 * RATE), np.float32), low[: int(0.1 * RATE)]]))
+    assert [(p.label, round(p.start, 3)) for p in out[1:3]] == [("T", 0.1), ("B", round(0.1 + GAP_LEAD_S, 3))]
     long_pause = (Phone("AA", 0.0, 0.1), Phone("SIL", 0.1, 0.5), Phone("AA", 0.5, 0.6))
     assert stop_closures(long_pause, np.zeros(RATE, np.float32))[1].label == "SIL"
 

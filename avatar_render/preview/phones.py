@@ -21,8 +21,10 @@ from avatar_render.preview.sphinx import SphinxDecoder
 
 RATE = 16_000  # the acoustic model's sample rate
 GAP_S = 0.25  # a pause shorter than this inside speech is the closure of a stop consonant
-# ... whose lips are shut only over its last GAP_CLOSURE_S, teeth together before it: a pause that long is
-# mostly a t, k or unaspirated p (Spanish), and a whole-pause closure shut the lips on loud frames around it
+# ... whose lips, when its release is a lip's, are shut over all of it but its first GAP_LEAD_S, teeth together
+# there, and at least over its last GAP_CLOSURE_S: such short pauses are often a t, k or unaspirated p (Spanish),
+# and a whole-pause closure shut the lips on the loud frames beside it (docs/preview.md, "Other languages")
+GAP_LEAD_S = 0.04
 GAP_CLOSURE_S = 0.06
 ONSET_S = 0.1  # a longer pause ending in a low-pitched onset ends with the lips closed this long
 BURST_N = round(0.016 * 16_000)  # samples of the release burst after it, whose spectrum tells lips from tongue
@@ -115,7 +117,7 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     a filler): a neutral open vowel, but an M where the sound is a murmur (nearly all of it low-pitched, as
     a voice is behind closed lips). A short one between two sounds is the closure of a stop (the recogniser
     calls a p, b, t or k closure a pause): the lips made it when its release burst is low-pitched (most of
-    its energy under 1.5 kHz, little above 3 kHz), a B over its last GAP_CLOSURE_S after a T; otherwise a T.
+    its energy under 1.5 kHz, little above 3 kHz), a B after a short T (GAP_LEAD_S); otherwise a T.
     Speech that starts after a longer pause with such a low-pitched onset (a b or p, and also a voiced sound
     such as an r or a w, which lips closed in the pause open into) starts from closed lips: the pause's last
     ONSET_S is a B.
@@ -145,7 +147,8 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
                 named.append(p)
             else:
                 closure = Phone("B" if lips else "T", p.start, p.end)
-                named += _at_release(closure, GAP_CLOSURE_S, "T") if lips else [closure]
+                length = max(GAP_CLOSURE_S, p.end - p.start - GAP_LEAD_S)
+                named += _at_release(closure, length, "T") if lips else [closure]
         elif lips:
             cut = max(p.start, p.end - ONSET_S)
             named += [Phone("SIL", p.start, cut)] * (cut > p.start) + [Phone("B", cut, p.end)]
