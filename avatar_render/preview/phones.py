@@ -117,7 +117,8 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     a filler): a neutral open vowel, but an M where the sound is a murmur (nearly all of it low-pitched, as
     a voice is behind closed lips). A short one between two sounds is the closure of a stop (the recogniser
     calls a p, b, t or k closure a pause): the lips made it when its release burst is low-pitched (most of
-    its energy under 1.5 kHz, little above 3 kHz), a B after a short T (GAP_LEAD_S); otherwise a T.
+    its energy under 1.5 kHz, little above 3 kHz), a B with the teeth together (a T) over its first GAP_LEAD_S;
+    otherwise a T.
     Speech that starts after a longer pause with such a low-pitched onset (a b or p, and also a voiced sound
     such as an r or a w, which lips closed in the pause open into) starts from closed lips: the pause's last
     ONSET_S is a B.
