@@ -33,12 +33,15 @@ def _nothing_left_ahead():
 
 
 def _whole(bank) -> np.ndarray:
-    """Every map of a bank made at once, as the set-up made them before: (*grid, h, w, 2) float32."""
+    """Every map of a bank made at once, as the set-up made them before (the chin's slide too): (*grid, h, w, 2)
+    float32."""
     w = bank.warps
     grids = np.zeros(tuple(len(a) for a in bank.axes) + (w.rect.h, w.rect.w, 2), np.float32)
     for node, moved in w.shapes.items():
         if np.abs(moved - w.vertices).max() > 1e-6:
             grids[node] = backward_map(w.vertices, moved, w.triangles, w.rect)
+            if w.chin is not None:
+                grids[node] = w.chin.apply(grids[node], w.vertices, moved)
     return grids if w.floor is None else confine(grids, w.rect, w.floor)
 
 

@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 
 from avatar_render.face import mesh as fm
+from avatar_render.preview.chin import ChinSlide
 from avatar_render.preview.eyelids import fit_lower_lids
 from avatar_render.preview.interior import MouthInterior, build_interior, lip_colour
 from avatar_render.preview.rigid import confine, rigid_floor
@@ -47,12 +48,15 @@ class Warps:
     triangles: np.ndarray  # (T, 3) int32 the triangles that move
     rect: Rect
     floor: np.ndarray | None = None  # (rect.w,) float32 where set, each column's rigid floor (``rigid.confine``)
+    chin: ChinSlide | None = None  # where set, the chin comes down over what lies under it
 
     def __call__(self, node: tuple[int, ...]) -> np.ndarray:
         """(rect.h, rect.w, 2) float32 the displacements at ``node``."""
         p = self.shapes[node]
         if np.abs(p - self.vertices).max() > 1e-6:
             grid = backward_map(self.vertices, p, self.triangles, self.rect)
+            if self.chin is not None:
+                grid = self.chin.apply(grid, self.vertices, p)
         else:
             grid = np.zeros((self.rect.h, self.rect.w, 2), np.float32)
         return grid if self.floor is None else confine(grid, self.rect, self.floor)
@@ -155,6 +159,11 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     triangles = _triangulate(vertices, mouth, mesh)
     mouth_bank = _bank(vertices, triangles, [OPEN_LEVELS, WIDTH_LEVELS], lambda o, w: mouth.moved(o, w), width, height)
     eye_bank = _bank(vertices, triangles, [BLINK_LEVELS], lambda b: eyes.moved(b), width, height)
+    down = np.max([(p - vertices) @ mesh.axes()[1] for p in mouth_bank.warps.shapes.values()], axis=0)
+    chin = ChinSlide.build(mesh, vertices, down, mouth_bank.rect)  # the chin comes down over what lies under it
+    if chin is not None:
+        warps = dataclasses.replace(mouth_bank.warps, chin=chin)
+        mouth_bank = Bank(rect=mouth_bank.rect, axes=mouth_bank.axes, warps=warps)
     floor = rigid_floor(image, mesh, eye_bank.rect)  # spectacle frames, brows: a blink does not bend them
     if np.isfinite(floor).any():
         eye_bank = eye_bank.confined(floor)

@@ -105,9 +105,15 @@ def backward_map(ref: np.ndarray, moved: np.ndarray, triangles: np.ndarray, rect
     for t in np.flatnonzero(ok).tolist():
         cv2.fillConvexPoly(labels, corners[t], t, lineType=cv2.LINE_8, shift=_SHIFT)
     # Neighbouring triangles share edges, but rasterising each on its own can leave a crack of pixels
-    # between them: those take a neighbour's map (the two agree along the edge).
+    # between them, and a triangle left out leaves its pixels: those take a neighbour's map (the two agree
+    # along the edge). Pixels beyond all the triangles keep no displacement: given a neighbour's map, they took
+    # it on past its triangle's edge (a fixed edge's compression turned into a stretch beyond it).
+    covered = np.zeros((rect.h, rect.w), np.uint8)
+    for t in np.flatnonzero(~ok & (np.abs(det) > 0)).tolist():
+        cv2.fillConvexPoly(covered, corners[t], 1, lineType=cv2.LINE_8, shift=_SHIFT)
+    covered = cv2.morphologyEx(covered | (labels >= 0).astype(np.uint8), cv2.MORPH_CLOSE, np.ones((3, 3), np.uint8))
     for _ in range(2):
-        holes = labels < 0
+        holes = (labels < 0) & (covered > 0)
         if not holes.any():
             break
         grown = cv2.dilate(labels.astype(np.float32), np.ones((3, 3), np.uint8))  # (exact for these ids)

@@ -1,11 +1,13 @@
-"""How far the preview's mouth warp moves things near the mouth that should not bend: a moustache, a beard's
-outline, a hand at the chin, drawn in code onto a reference (examples/face.png by default).
+"""How far the preview's mouth warp moves things near the mouth that should not bend: a moustache, a beard, a
+hand over the chin, a fist and a shirt collar under it, drawn in code onto a reference (examples/face.png by default).
 
 For each drawn thing, the rig is built on the drawn reference and the mouth bank's displacements (backward
-maps, output pixels) are read over the thing at the widest jaw drop with the lips at rest, rounded and spread:
-the largest displacement (px) and its spread over the thing's outline (the 95th percentile minus the 5th of
-the displacement's length along the outline: 0 for a thing that moves whole, rigidly; more where its outline
-is bent). The face's own landmarks place the drawings; nothing is downloaded.
+maps) are read over the output pixels that show the thing (whose source lies on it: what the chin comes down
+over is hidden, not moved) at the widest jaw drop with the lips at rest, rounded and spread: the largest
+displacement (px), its spread over the outline of what shows (the 95th percentile minus the 5th of the
+displacement's length: 0 for a thing that moves whole), and its bend (the 95th percentile of how far the
+displacements depart from the affine motion that fits them best: 0 for a thing moved whole or stretched
+evenly, more where the warp bends it). The face's own landmarks place the drawings; nothing is downloaded.
 
     python scripts/figures/rigid_near_mouth.py [--ref examples/face.png] [--size 512] [--png OUT.png]
 """
@@ -51,6 +53,15 @@ def drawings(image: np.ndarray, mesh: fm.FaceMesh) -> dict[str, np.ndarray]:
     top = float(lower[:, 1].max()) + 0.35 * mw
     cv2.ellipse(k, (int(c[0] + 0.3 * mw), int(top + 0.6 * mw)), (int(0.55 * mw), int(0.6 * mw)), 0, 0, 360, 1, -1)
     out["hand"] = k > 0
+    k = np.zeros((h, w), np.uint8)  # a fist under the chin, clear of its edge and the shadow under it
+    low = oval[np.argmax(oval @ mesh.axes()[1])]
+    cv2.ellipse(k, (int(low[0]), int(low[1] + 0.57 * mw)), (int(0.5 * mw), int(0.45 * mw)), 0, 0, 360, 1, -1)
+    out["fist under the chin"] = k > 0
+    k = np.zeros((h, w), np.uint8)  # a shirt collar's V under the chin
+    ey = mesh.axes()[1]
+    v = [low + (dx * mw, 0) + ey * dy * mw for dx, dy in ((-0.9, 0.25), (0.0, 0.6), (0.9, 0.25))]
+    cv2.polylines(k, [np.round(np.array(v)).astype(np.int32)], False, 1, max(2, int(0.12 * mw)))
+    out["collar"] = k > 0
     return out
 
 
@@ -61,7 +72,9 @@ def paint(image: np.ndarray, masks: dict[str, np.ndarray], seed: int = 0) -> dic
     out = {}
     for name, mask in masks.items():
         img = image.copy()
-        if name == "hand":
+        if name == "collar":
+            img[mask] = (235, 238, 242)
+        elif name.startswith(("hand", "fist")):
             img[mask] = (226, 180, 150)
             edge = mask & ~cv2.erode(mask.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
             img[edge] = (120, 80, 60)
@@ -74,18 +87,37 @@ def paint(image: np.ndarray, masks: dict[str, np.ndarray], seed: int = 0) -> dic
 
 
 def moved(rig, mask: np.ndarray) -> dict:
-    """The mouth bank's displacements over a mask at the widest jaw drop: largest, and spread along its outline."""
+    """The mouth bank's displacements over the pixels that show a thing (those whose source lies on it: what the
+    chin comes down over is hidden, not moved) at the widest jaw drop: largest, spread along the outline of what
+    shows, and bend."""
     bank = rig.mouth_bank
     r = bank.rect
-    inside = mask[r.slices]
-    edge = inside & ~cv2.erode(inside.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
+    h, w = mask.shape
+    xs, ys = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
     out = {}
     for label, width in (("rest", 0.0), ("rounded", min(WIDTH_LEVELS)), ("spread", max(WIDTH_LEVELS))):
-        d = np.linalg.norm(bank.blend(max(OPEN_LEVELS), width), axis=-1)  # (rect.h, rect.w)
+        grid = np.zeros((h, w, 2), np.float32)
+        grid[r.slices] = bank.blend(max(OPEN_LEVELS), width)
+        shown = cv2.remap(mask.astype(np.float32), xs + grid[..., 0], ys + grid[..., 1], cv2.INTER_LINEAR) > 0.5
+        edge = shown & ~cv2.erode(shown.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
+        d = np.linalg.norm(grid, axis=-1)
         along = d[edge] if edge.any() else np.zeros(1)
-        out[label] = {"max_px": round(float(d[inside].max()) if inside.any() else 0.0, 2),
-                      "outline_spread_px": round(float(np.percentile(along, 95) - np.percentile(along, 5)), 2)}
+        out[label] = {"max_px": round(float(d[shown].max()) if shown.any() else 0.0, 2),
+                      "outline_spread_px": round(float(np.percentile(along, 95) - np.percentile(along, 5)), 2),
+                      "bend_px": round(bend(grid, shown), 2)}
     return out
+
+
+def bend(grid: np.ndarray, inside: np.ndarray) -> float:
+    """How far (px, 95th percentile over the thing) its displacements depart from the affine motion that fits
+    them best: 0 for a thing moved whole or stretched evenly, more where the warp bends it."""
+    ys, xs = np.nonzero(inside)
+    if len(xs) < 3:
+        return 0.0
+    a = np.stack([xs, ys, np.ones_like(xs)], axis=1).astype(np.float64)
+    d = grid[ys, xs].astype(np.float64)  # (n, 2)
+    fit, *_ = np.linalg.lstsq(a, d, rcond=None)
+    return float(np.percentile(np.linalg.norm(d - a @ fit, axis=1), 95))
 
 
 def main() -> None:
