@@ -102,7 +102,12 @@ def backward_map(ref: np.ndarray, moved: np.ndarray, triangles: np.ndarray, rect
     labels = np.full((rect.h, rect.w), -1, np.int32)
     # Vertices in OpenCV's pixel-centre coordinates, relative to the rectangle: (T, 3, 2) fixed point.
     corners = np.round((d - 0.5 - (rect.x0, rect.y0)) * (1 << _SHIFT)).astype(np.int32)
-    for t in np.flatnonzero(ok).tolist():
+    # Where moved triangles overlap, the one that moved most is drawn over the others: what moves comes over what
+    # stays (a lid coming down over the eye's white at its inner corner, where the lower lid's own triangles,
+    # drawn after it, had left a speck of the white showing through the shut eye).
+    travel = np.abs(d - r).sum(axis=(1, 2))
+    drawn = np.flatnonzero(ok)
+    for t in drawn[np.argsort(travel[drawn], kind="stable")].tolist():
         cv2.fillConvexPoly(labels, corners[t], t, lineType=cv2.LINE_8, shift=_SHIFT)
     # Neighbouring triangles share edges, but rasterising each on its own can leave a crack of pixels
     # between them, and a triangle left out leaves its pixels: those take a neighbour's map (the two agree
