@@ -2,12 +2,12 @@
 
 The face mesh alone fades the jaw's motion out over the triangles between the face outline and a fixed ring
 some 0.4 mouth widths beyond it: everything under the chin (the neck, a shirt collar, a hand) was stretched
-down and back with every syllable, a collar's points bending by up to 8 px at 512x512. Seen from the front, a
-real chin comes down in front of what lies under it. Here, under the chin, the mesh's map is replaced column by
-column: the pixels down to ``EDGE_PX`` below the moved chin outline move with it, below that the motion fades
-out smoothly over a band of ``BAND`` times the chin's largest travel there (what lies in it is covered by the
-chin as it comes down), and beyond the band nothing moves. Beside the chin, where the outline turns up towards
-the ears, the mesh's own map is kept.
+down and back with every syllable (a drawn shirt collar by 2-3 px at 512x512, a real one visibly). Seen from
+the front, a real chin comes down in front of what lies under it. Here, under the chin, the mesh's map is
+replaced column by column: the pixels down to ``EDGE_PX`` below the moved chin outline move with it, below
+that the motion fades out smoothly over a band of ``BAND`` times the chin's largest travel there (what lies in
+it is covered by the chin as it comes down), and beyond the band nothing moves. Beside the chin, where the
+outline turns up towards the ears, the mesh's own map is kept.
 """
 
 from __future__ import annotations
