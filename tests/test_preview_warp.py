@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 
+from avatar_render.face import mesh as fm
+from avatar_render.preview.render import render_frame
 from avatar_render.preview.warp import Rect, backward_map
+from tests.test_preview import rig_for, row
 
 
 def test_a_warp_leaves_what_lies_beyond_its_triangles_where_it_is():
@@ -37,12 +41,6 @@ def test_where_moved_triangles_overlap_the_one_that_moved_comes_over():
 
 
 def test_a_full_blink_shows_no_speck_of_the_eyes_white():
-    import cv2
-
-    from avatar_render.face import mesh as fm
-    from avatar_render.preview.render import render_frame
-    from tests.test_preview import rig_for, row
-
     rig = rig_for(512, 512).rig
     frame = render_frame(rig, row(blink=1.0)).astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
     for upper, lower in fm.EYES:

@@ -33,15 +33,15 @@ class ChinSlide:
     s: np.ndarray  # (k,) float32 their positions along the eye line, px
     t: np.ndarray  # (k,) down the face
     band: np.ndarray  # (k,) px over which the motion fades out below the chin's edge
-    ps: np.ndarray  # (h, w) float32 the rectangle's pixels along the eye line
+    ps: np.ndarray  # (h, w) float32 the rectangle's pixels along the eye line (``rig.face_coords``)
     pt: np.ndarray  # (h, w) down the face
     down: np.ndarray  # (2,) the face's downward axis
 
     @staticmethod
-    def build(mesh: FaceMesh, vertices: np.ndarray, travel: np.ndarray, rect: Rect) -> "ChinSlide | None":
+    def build(mesh: FaceMesh, vertices: np.ndarray, travel: np.ndarray, rect: Rect, coords) -> "ChinSlide | None":
         """vertices: (n, 2) the warp's, the landmarks first; travel: (n,) each one's largest downward travel over
-        the warp bank's shapes. None where the jaw moves no part of the outline down."""
-        ex, ey = mesh.axes()
+        the warp bank's shapes; coords: ``rig.face_coords``. None where the jaw moves no part of the outline down."""
+        ey = mesh.axes()[1]
         oval = np.array(FACE_OVAL)
         pts = vertices[oval]
         tangent = np.roll(pts, -1, axis=0) - np.roll(pts, 1, axis=0)
@@ -51,18 +51,18 @@ class ChinSlide:
         under = (normal @ ey > FACING) & (travel[oval] > MIN_TRAVEL_PX)
         if under.sum() < 3 or rect.empty:
             return None
-        s, t = pts[under] @ ex, pts[under] @ ey
+        s, t = coords(pts[under, 0], pts[under, 1], mesh)
         order = np.argsort(s)
         xs, ys = rect.grid()
-        xs, ys = xs + 0.5, ys + 0.5  # (pixel-edge coordinates, as the vertices')
+        ps, pt = coords(xs + 0.5, ys + 0.5, mesh)
         f32 = np.float32
         return ChinSlide(
             chain=oval[under][order],
             s=s[order].astype(f32),
             t=t[order].astype(f32),
             band=np.maximum(BAND * travel[oval[under][order]], BAND_MIN_PX).astype(f32),
-            ps=(xs * ex[0] + ys * ex[1]).astype(f32),
-            pt=(xs * ey[0] + ys * ey[1]).astype(f32),
+            ps=ps.astype(f32),
+            pt=pt.astype(f32),
             down=np.asarray(ey, f32),
         )
 

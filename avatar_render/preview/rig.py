@@ -97,6 +97,10 @@ class Bank:
         """This bank with every map limited by ``rigid.confine`` to the columns' rigid ``floor``."""
         return Bank(rect=self.rect, axes=self.axes, warps=dataclasses.replace(self.warps, floor=floor))
 
+    def sliding(self, chin: ChinSlide) -> "Bank":
+        """This bank with every map's chin sliding over what lies under it (``chin.ChinSlide``)."""
+        return Bank(rect=self.rect, axes=self.axes, warps=dataclasses.replace(self.warps, chin=chin))
+
 
 @dataclass(frozen=True, eq=False)
 class Teeth:
@@ -160,10 +164,9 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     mouth_bank = _bank(vertices, triangles, [OPEN_LEVELS, WIDTH_LEVELS], lambda o, w: mouth.moved(o, w), width, height)
     eye_bank = _bank(vertices, triangles, [BLINK_LEVELS], lambda b: eyes.moved(b), width, height)
     down = np.max([(p - vertices) @ mesh.axes()[1] for p in mouth_bank.warps.shapes.values()], axis=0)
-    chin = ChinSlide.build(mesh, vertices, down, mouth_bank.rect)  # the chin comes down over what lies under it
-    if chin is not None:
-        warps = dataclasses.replace(mouth_bank.warps, chin=chin)
-        mouth_bank = Bank(rect=mouth_bank.rect, axes=mouth_bank.axes, warps=warps)
+    chin = ChinSlide.build(mesh, vertices, down, mouth_bank.rect, face_coords)
+    if chin is not None:  # the chin comes down over what lies under it
+        mouth_bank = mouth_bank.sliding(chin)
     floor = rigid_floor(image, mesh, eye_bank.rect)  # spectacle frames, brows: a blink does not bend them
     if np.isfinite(floor).any():
         eye_bank = eye_bank.confined(floor)

@@ -54,11 +54,11 @@ def drawings(image: np.ndarray, mesh: fm.FaceMesh) -> dict[str, np.ndarray]:
     cv2.ellipse(k, (int(c[0] + 0.3 * mw), int(top + 0.6 * mw)), (int(0.55 * mw), int(0.6 * mw)), 0, 0, 360, 1, -1)
     out["hand"] = k > 0
     k = np.zeros((h, w), np.uint8)  # a fist under the chin, clear of its edge and the shadow under it
-    low = oval[np.argmax(oval @ mesh.axes()[1])]
+    ey = mesh.axes()[1]
+    low = oval[np.argmax(oval @ ey)]
     cv2.ellipse(k, (int(low[0]), int(low[1] + 0.57 * mw)), (int(0.5 * mw), int(0.45 * mw)), 0, 0, 360, 1, -1)
     out["fist under the chin"] = k > 0
     k = np.zeros((h, w), np.uint8)  # a shirt collar's V under the chin
-    ey = mesh.axes()[1]
     v = [low + (dx * mw, 0) + ey * dy * mw for dx, dy in ((-0.9, 0.25), (0.0, 0.6), (0.9, 0.25))]
     cv2.polylines(k, [np.round(np.array(v)).astype(np.int32)], False, 1, max(2, int(0.12 * mw)))
     out["collar"] = k > 0
