@@ -10,6 +10,7 @@ eyes' lid contours show the reference's eyes where the lids have not yet covered
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
@@ -21,6 +22,7 @@ from avatar_render.preview.rig import Bank, FaceRig, between, contour_t, face_co
 from avatar_render.preview.warp import Rect
 
 CUBIC_MAX_PX = 150_000  # heads up to this many pixels are resampled bicubically, larger ones bilinearly
+FOLD_PX = 2.0  # a bank's neighbouring displacements further apart than this are a fold (``_Fold``)
 _SCRATCH = threading.local()  # the head maps' buffers (see _maps)
 
 
@@ -61,14 +63,18 @@ def render_frame(rig: FaceRig, p: np.ndarray, out: np.ndarray | None = None, *, 
     _edges(mx, my, rect, head, inv)
     fwd = cv2.invertAffineTransform(inv)
     mouth_moves = rig.mouth_bank is not None and (p[OPEN] != 0 or p[WIDTH] != 0)
+    folds = []
     if mouth_moves:
-        _compose(mx, my, rect, rig.mouth_bank, rig.mouth_bank.blend(float(p[OPEN]), float(p[WIDTH])), fwd)
+        folds.append(_compose(mx, my, rect, rig.mouth_bank, (float(p[OPEN]), float(p[WIDTH])), fwd))
     if rig.eye_bank is not None and p[BLINK] > 0:
-        _compose(mx, my, rect, rig.eye_bank, rig.eye_bank.blend(float(p[BLINK])), fwd)
+        folds.append(_compose(mx, my, rect, rig.eye_bank, (float(p[BLINK]),), fwd))
     # Bicubic keeps the skin's fine texture through the head's sub-pixel motion (bilinear blurs it: SSIM to the
     # reference 0.95 against 0.96 on the example); on large heads it costs more than the frame's budget.
     interp = cv2.INTER_CUBIC if rect.w * rect.h <= CUBIC_MAX_PX else cv2.INTER_LINEAR
     cv2.remap(rig.image, mx, my, interp, dst=out[rect.slices], borderMode=cv2.BORDER_REPLICATE)
+    for fold in folds:
+        if fold is not None:
+            fold.draw(out[rect.slices], rig.image)
     if mouth_moves:
         _mouth_gap(out, rig, p, inv, fwd)
         if p[OPEN] < 0:
@@ -125,17 +131,71 @@ def _forward_rect(fwd: np.ndarray, pts: np.ndarray, within: Rect, margin: float)
     return Rect(max(r.x0, within.x0), max(r.y0, within.y0), r.x1, r.y1)
 
 
-def _compose(mx: np.ndarray, my: np.ndarray, rect: Rect, bank: Bank, disp: np.ndarray, fwd: np.ndarray) -> None:
-    """Add a bank's displacements, sampled where the head map points, to the head map (in place)."""
+def _compose(
+    mx: np.ndarray, my: np.ndarray, rect: Rect, bank: Bank, amounts: tuple[float, ...], fwd: np.ndarray
+) -> "_Fold | None":
+    """Add a bank's displacements at ``amounts``, sampled where the head map points, to the head map (in place);
+    the pixels where they fold (``_Fold``), if any."""
     b = bank.rect
     corners = np.array([[b.x0, b.y0], [b.x1, b.y0], [b.x1, b.y1], [b.x0, b.y1]], np.float32)
     r = _forward_rect(fwd, corners, rect, 2.0)
     if r.empty:
-        return
+        return None
     sl = (slice(r.y0 - rect.y0, r.y1 - rect.y0), slice(r.x0 - rect.x0, r.x1 - rect.x0))
-    d = cv2.remap(disp, mx[sl] - b.x0, my[sl] - b.y0, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    x, y = mx[sl] - b.x0, my[sl] - b.y0
+    disp = bank.blend(*amounts)
+    d = cv2.remap(disp, x, y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    folded = bank.spread(*amounts) > FOLD_PX
+    fold = _Fold.find(disp, folded, x, y, (r.y0 - rect.y0, r.x0 - rect.x0), (b.x0, b.y0)) if folded.any() else None
     mx[sl] += d[..., 0]
     my[sl] += d[..., 1]
+    return fold
+
+
+@dataclass(frozen=True)
+class _Fold:
+    """Pixels where a bank's map folds: a lid shut over the eye (above the closed line the map points up to the
+    lid, below it at the lower lid), the lips pressed together, the chin come down over the collar. A displacement
+    blended between the two sides points into what lies between them (the eye's white showed under the closed
+    line, the teeth along the lips' seam, whenever the head had moved by a fraction of a pixel); there the
+    colours the four neighbouring displacements point at are blended instead."""
+
+    rows: np.ndarray  # (n,) int, in the head's rectangle
+    cols: np.ndarray  # (n,) int
+    xs: np.ndarray  # (n, 4) float32 reference pixels each neighbour points at
+    ys: np.ndarray  # (n, 4) float32
+    weights: np.ndarray  # (n, 4) float32 bilinear
+
+    @staticmethod
+    def find(
+        disp: np.ndarray, folded: np.ndarray, x: np.ndarray, y: np.ndarray, at: tuple[int, int], origin: tuple[int, int]
+    ) -> "_Fold | None":
+        """disp: (h, w, 2) a bank's map; folded: (h, w) its 2x2 cells (by the top-left pixel) that fold; x, y: (m, k)
+        where the head map points, in the bank's pixels, for the head rectangle's pixels from row, column ``at``;
+        ``origin``: the bank's top-left, reference pixels."""
+        h, w = folded.shape
+        ix, iy = np.floor(x).astype(np.int32), np.floor(y).astype(np.int32)
+        inside = (ix >= 0) & (iy >= 0) & (ix < w - 1) & (iy < h - 1)
+        rows, cols = np.nonzero(inside)
+        hit = folded[iy[rows, cols], ix[rows, cols]]
+        rows, cols = rows[hit], cols[hit]
+        if len(rows) == 0:
+            return None
+        i, j = iy[rows, cols], ix[rows, cols]
+        fx, fy = x[rows, cols] - j, y[rows, cols] - i
+        d = np.stack([disp[i, j], disp[i, j + 1], disp[i + 1, j], disp[i + 1, j + 1]], axis=1)  # (n, 4, 2)
+        weights = np.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], axis=1)
+        xs = (x[rows, cols] + origin[0])[:, None] + d[..., 0]
+        ys = (y[rows, cols] + origin[1])[:, None] + d[..., 1]
+        f32 = np.float32
+        return _Fold(rows + at[0], cols + at[1], xs.astype(f32), ys.astype(f32), weights.astype(f32))
+
+    def draw(self, region: np.ndarray, image: np.ndarray) -> None:
+        """Blend the colours into ``region`` (the head's rectangle of the frame) from ``image`` (the reference)."""
+        flat = (self.xs.reshape(1, -1), self.ys.reshape(1, -1))
+        got = cv2.remap(image, *flat, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE).astype(np.float32)
+        mixed = (got.reshape(len(self.rows), 4, -1) * self.weights[..., None]).sum(axis=1)
+        region[self.rows, self.cols] = np.clip(mixed + 0.5, 0, 255).astype(np.uint8)
 
 
 def _sources(sub: Rect, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -71,6 +71,7 @@ class Bank:
     axes: tuple[tuple[float, ...], ...]  # amounts along each axis of the grid
     warps: Warps
     _made: dict = field(default_factory=dict, repr=False)  # node -> (rect.h, rect.w, 2) float32
+    _spreads: dict = field(default_factory=dict, repr=False)  # node -> (rect.h, rect.w) float32 (``spread``)
 
     def grid(self, node: tuple[int, ...]) -> np.ndarray:
         """(rect.h, rect.w, 2) float32 the displacements at a grid node (an index per axis)."""
@@ -81,6 +82,23 @@ class Bank:
 
     def blend(self, *values: float) -> np.ndarray:
         """(rect.h, rect.w, 2) float32 displacements at the given amounts (one per axis)."""
+        return self._blend(self.grid, values, 2)
+
+    def spread(self, *values: float) -> np.ndarray:
+        """(rect.h, rect.w) float32 at the given amounts, for each 2x2 cell of the blended map (by its top-left
+        pixel), at least how far apart its displacements are (the blend of the nodes' own spreads)."""
+        return self._blend(self._spread, values, 1)
+
+    def _spread(self, node: tuple[int, ...]) -> np.ndarray:
+        made = self._spreads.get(node)
+        if made is None:
+            g = self.grid(node)
+            cell = np.ones((2, 2), np.uint8)
+            spread = (cv2.dilate(g, cell, anchor=(0, 0)) - cv2.erode(g, cell, anchor=(0, 0))).max(axis=2)
+            made = self._spreads.setdefault(node, spread)
+        return made
+
+    def _blend(self, of, values: tuple[float, ...], channels: int) -> np.ndarray:
         corners: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
         for axis, value in zip(self.axes, values):
             i, t = _bracket(axis, value)
@@ -89,9 +107,10 @@ class Bank:
         for idx, w in corners:
             if w <= 1e-6:
                 continue
-            g = self.grid(idx)
+            g = of(idx)
             out = cv2.multiply(g, (w, w, w, w)) if out is None else cv2.scaleAdd(g, w, out, dst=out)  # (in place)
-        return out if out is not None else np.zeros((self.rect.h, self.rect.w, 2), np.float32)
+        shape = (self.rect.h, self.rect.w, channels)[: 3 if channels > 1 else 2]
+        return out if out is not None else np.zeros(shape, np.float32)
 
     def confined(self, floor: np.ndarray) -> "Bank":
         """This bank with every map limited by ``rigid.confine`` to the columns' rigid ``floor``."""
@@ -190,8 +209,16 @@ def still_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     """A picture in which no face was found: shown as it is in every frame (a mouth drawn where a face is only
     assumed lands on whatever is there: a tie, a wall)."""
     nothing = np.zeros((0, 0), np.float32)
-    head = HeadMask(rect=Rect(0, 0, 0, 0), xs=nothing, ys=nothing, weight=nothing, wx=nothing, wy=nothing,
-                    pivot=(0.0, 0.0), face_width=1.0)
+    head = HeadMask(
+        rect=Rect(0, 0, 0, 0),
+        xs=nothing,
+        ys=nothing,
+        weight=nothing,
+        wx=nothing,
+        wy=nothing,
+        pivot=(0.0, 0.0),
+        face_width=1.0,
+    )
     return FaceRig(image=image, mesh=mesh, interior=_interior(_median_colour(image, mesh.at(_CHEEKS))), head=head)
 
 
@@ -263,8 +290,11 @@ def _bank(vertices, triangles, axes, moved, width: int, height: int) -> Bank:
         else vertices
     )
     rect = Rect.around(pts, width, height, margin=2.0)
-    return Bank(rect=rect, axes=tuple(tuple(a) for a in axes),
-                warps=Warps(vertices=vertices, shapes=shapes, triangles=touched, rect=rect))
+    return Bank(
+        rect=rect,
+        axes=tuple(tuple(a) for a in axes),
+        warps=Warps(vertices=vertices, shapes=shapes, triangles=touched, rect=rect),
+    )
 
 
 def face_coords(xs: np.ndarray, ys: np.ndarray, mesh: fm.FaceMesh) -> tuple[np.ndarray, np.ndarray]:
