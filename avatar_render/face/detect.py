@@ -27,6 +27,11 @@ _EYE_FACE_WIDTH = 240  # the face is resampled to this width for the eye search
 # Heads tilted further than the cascade sees (about 15-20 degrees): searched for in copies of the picture turned
 # by these angles, when it shows no upright face
 _ROLLS = (25.0, -25.0, 45.0, -45.0)
+# ... and, where a closer look (``IsFace``) tells faces from what the cascade fires on, by these: a picture lying on
+# its side or upside down (a photo whose orientation tag was lost), animated as it lies. Without that look they are
+# not searched: the cascade fires on an upside-down face, whose layout would put a mouth on its forehead.
+_TURNS = (90.0, -90.0, 180.0)
+_LYING = 60.0  # a face turned further than this (degrees) is named in the render's output
 
 # A closer look at a box the cascade found (and the eye line's roll, radians): whether it holds a face. The cascade
 # also fires on hands and fabric; the landmark model, where installed, tells them apart (``LandmarkModel.finds_face``).
@@ -110,14 +115,14 @@ class FaceDetector(Module):
 
     def tilted(self, image: np.ndarray, *, is_face: IsFace | None = None) -> FaceLayout | None:
         """The layout of the largest face found in a copy of an (H, W, 3) uint8 RGB image turned by one of
-        ``_ROLLS``, mapped back (its eyes along the tilted eye line, ``roll`` set); None if there is none (or
-        ``is_face``, when given, keeps none of them)."""
+        ``_ROLLS`` (or ``_TURNS``, with ``is_face``), mapped back (its eyes along the tilted eye line, ``roll``
+        set); None if there is none (or ``is_face``, when given, keeps none of them)."""
         height, width = image.shape[:2]
         scale = min(1.0, _DETECT_SIDE / max(height, width))
         small = image if scale == 1.0 else cv2.resize(
             image, (round(width * scale), round(height * scale)), interpolation=cv2.INTER_AREA)
         h, w = small.shape[:2]
-        for degrees in _ROLLS:
+        for degrees in _ROLLS + (_TURNS if is_face is not None else ()):
             # (turned about the middle, on a canvas that holds all of it)
             turn = cv2.getRotationMatrix2D((w / 2, h / 2), degrees, 1.0)
             c, s = abs(turn[0, 0]), abs(turn[0, 1])
@@ -229,7 +234,8 @@ def choose_face(image: np.ndarray, detector: FaceDetector, face_box: list[int] |
         raise AvatarRenderError(f"face.index={detector.index} asks for the face {_ordinal(detector.index)} from the "
                                 f"left, but {_count(len(faces))} found in the reference.")
     if chosen is None:
-        return (detector.tilted(image, is_face=is_face) if detector.index is None else None), ""
+        found = detector.tilted(image, is_face=is_face) if detector.index is None else None
+        return found, (_lying(found.roll) if found is not None else "")
     note = ""
     if len(faces) > 1:
         f = faces[chosen]
@@ -238,6 +244,18 @@ def choose_face(image: np.ndarray, detector: FaceDetector, face_box: list[int] |
                 f"the left ({f.w:.0f}x{f.h:.0f} px at x={f.x:.0f}, y={f.y:.0f}). face.index=1..{len(faces)} picks "
                 "another (counted from the left); face.box=[x,y,w,h] places one by hand.")
     return detector.layout(image, faces[chosen]), note
+
+
+def _lying(roll: float) -> str:
+    """What a user should know of a face found turned by ``roll`` (radians, the eye line's): nothing unless it lies
+    on its side or upside down."""
+    degrees = float(np.degrees(roll))
+    if abs(degrees) <= _LYING:
+        return ""
+    how = "upside down" if abs(degrees) > 180 - _LYING else "on its side, turned a quarter " + (
+        "clockwise" if degrees > 0 else "counter-clockwise")
+    return (f"the face lies {how} in the reference, and is animated as it lies; if the picture has lost its "
+            "orientation, turn it upright and render again.")
 
 
 def _count(n: int) -> str:
