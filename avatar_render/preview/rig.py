@@ -82,12 +82,12 @@ class Bank:
 
     def blend(self, *values: float) -> np.ndarray:
         """(rect.h, rect.w, 2) float32 displacements at the given amounts (one per axis)."""
-        return self._blend(self.grid, values, 2)
+        return self._blend(self.grid, values, (self.rect.h, self.rect.w, 2))
 
     def spread(self, *values: float) -> np.ndarray:
         """(rect.h, rect.w) float32 at the given amounts, for each 2x2 cell of the blended map (by its top-left
-        pixel), at least how far apart its displacements are (the blend of the nodes' own spreads)."""
-        return self._blend(self._spread, values, 1)
+        pixel), how far apart its displacements are at most (the blend of the nodes' own spreads)."""
+        return self._blend(self._spread, values, (self.rect.h, self.rect.w))
 
     def _spread(self, node: tuple[int, ...]) -> np.ndarray:
         made = self._spreads.get(node)
@@ -98,7 +98,7 @@ class Bank:
             made = self._spreads.setdefault(node, spread)
         return made
 
-    def _blend(self, of, values: tuple[float, ...], channels: int) -> np.ndarray:
+    def _blend(self, of, values: tuple[float, ...], shape: tuple[int, ...]) -> np.ndarray:
         corners: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
         for axis, value in zip(self.axes, values):
             i, t = _bracket(axis, value)
@@ -109,7 +109,6 @@ class Bank:
                 continue
             g = of(idx)
             out = cv2.multiply(g, (w, w, w, w)) if out is None else cv2.scaleAdd(g, w, out, dst=out)  # (in place)
-        shape = (self.rect.h, self.rect.w, channels)[: 3 if channels > 1 else 2]
         return out if out is not None else np.zeros(shape, np.float32)
 
     def confined(self, floor: np.ndarray) -> "Bank":
