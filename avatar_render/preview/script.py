@@ -6,9 +6,10 @@ places them: the audio's stretches of speech (between pauses) each take a run of
 each stretch is aligned with its words alone (one alignment over a whole file went astray on texts of several
 sentences, or failed, and its phone pass held 2.7 GB for five minutes of speech), when the first chunk whose
 window reaches it asks (``Script.window``: the set-up aligns the first stretch only, so an hour of audio does
-not hold back the first frame). A word the dictionary
-lacks, words that do not fit the audio (MISMATCH_SCORE), or audio that arrives as a stream: no script, and
-one line saying why (the recogniser's phones are used instead).
+not hold back the first frame). Numbers are written out as words (``spoken``); a word the dictionary lacks
+(a name) gets phones guessed from its letters, with one line naming it. Many such words (another language),
+words that do not fit the audio (MISMATCH_SCORE), or audio that arrives as a stream: no script, and one line
+saying why (the recogniser's phones are used instead).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
 from avatar_render.preview.phones import FRAME_S, RATE, Phone, frame_levels, model_dir
+from avatar_render.preview.spoken import guess_phones, spoken
 
 PAUSE_S = 0.2  # quiet this long parts two stretches of speech
 QUIET_DB = 30.0  # a 10-ms frame this far under the audio's loudest is quiet
@@ -37,6 +39,7 @@ BAND_S = 60.0  # how far (seconds of speech) the words through a stretch may be 
 # the words are taken for others than those spoken: the recordings of docs/preview.md with their own texts
 # score -14 to -35, with another recording's text -54 to -75.
 MISMATCH_SCORE = -50.0
+UNKNOWN_SHARE = 0.1  # at most this share of the words may be missing from the dictionary (names, not a language)
 # The aligner's settings, tried in turn until one aligns a stretch's words: the default beams, then wider ones,
 # then pauses allowed between words (fillers).
 _TRIES = (
@@ -117,10 +120,10 @@ def read_transcript(path: str | Path) -> str:
 
 
 def words_of(text: str) -> list[tuple[str, bool]]:
-    """The text's words, lower-case, each with whether a mark that may be a pause follows it (, . ! ? ; : or a
-    new line)."""
+    """The text's words as spoken (numbers written out: ``spoken``), lower-case, each with whether a mark that
+    may be a pause follows it (, . ! ? ; : or a new line)."""
     out: list[tuple[str, bool]] = []
-    for token in re.findall(r"[\w'-]+|[,.!?;:\n]", text.lower().replace("_", " ")):
+    for token in re.findall(r"[\w'-]+|[,.!?;:\n]", spoken(text).lower().replace("_", " ")):
         if token in ",.!?;:\n":
             if out:
                 out[-1] = (out[-1][0], True)
@@ -130,7 +133,9 @@ def words_of(text: str) -> list[tuple[str, bool]]:
 
 
 def align_script(audio: Path, text: str) -> tuple[Script | None, str]:
-    """(the script, "") or (None, the one line that says why there is none). audio: the audio file.
+    """(the script, "" or a line for the user) or (None, the one line that says why there is none). audio: the
+    audio file. Words the dictionary lacks get their phones guessed from their letters (``guess_phones``), a
+    name or two; more than UNKNOWN_SHARE of them (another language) and there is no script.
 
     The audio's stretches of speech (between pauses of PAUSE_S or more) each take a run of the words, those
     whose phones (the dictionary's) fill it at the audio's own rate of phones, preferably ending at a mark
@@ -139,12 +144,20 @@ def align_script(audio: Path, text: str) -> tuple[Script | None, str]:
     spoken (MISMATCH_SCORE)."""
     words = words_of(text)
     spellings = _spellings({w for w, _ in words})
-    first = _decoder(_TRIES[0], spellings)
-    spelled = [first.lookup_word(w) for w, _ in words]
-    unknown = sorted({w for (w, _), p in zip(words, spelled) if p is None})
+    known = {w.split("(", 1)[0] for w, _ in spellings}
+    unknown = sorted({w for w, _ in words if w not in known})
+    guesses = [(w, guess_phones(w)) for w in unknown]
+    note = ""
     if unknown:
         shown = ", ".join(f"'{w}'" for w in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-        return None, (f"The transcript has words the English dictionary does not know ({shown}): {_FALLBACK}.")
+        share = sum(w not in known for w, _ in words) / len(words)
+        if share > UNKNOWN_SHARE or any(p is None for _, p in guesses):  # (another language, another script)
+            return None, f"The transcript has words the English dictionary does not know ({shown}): {_FALLBACK}."
+        spellings += guesses
+        note = (f"The transcript has words the English dictionary does not know ({shown}): their sounds are "
+                "guessed from their letters.")
+    first = _decoder(_TRIES[0], spellings)
+    spelled = [first.lookup_word(w) for w, _ in words]
     level = _file_levels(audio)
     stretches = _stretches(level)
     if not stretches:
@@ -165,7 +178,7 @@ def align_script(audio: Path, text: str) -> tuple[Script | None, str]:
     if script.window(0.0, spans[0][0] * FRAME_S + FRAME_S) is None:  # (aligns the first stretch)
         script.close()
         return None, _FAILED
-    return script, ""
+    return script, note
 
 
 def _spellings(words: set[str]) -> list[tuple[str, str]]:
