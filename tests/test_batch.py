@@ -15,6 +15,7 @@ import pytest
 from avatar_render.batch import BatchRequest, Shard, plan_batch
 from avatar_render.batch.shard import parse_shard, slurm_shard
 from avatar_render.batch.sources import pair_folder
+from avatar_render.config import load_config
 from avatar_render.errors import AvatarRenderError
 from tests.batch_util import (
     ROOT,
@@ -312,6 +313,30 @@ def test_folder_pairs_by_stem_and_lists_the_rest(tmp_path, face_png):
     (tmp_path / "empty").mkdir()
     with pytest.raises(AvatarRenderError, match="holds no job"):
         pair_folder(tmp_path / "empty", out_dir=tmp_path / "out")
+
+
+def test_a_folders_transcript_of_a_jobs_stem_is_its_preview_transcript_and_counts_as_an_input(tmp_path, face_png):
+    """anna.png + anna.wav + anna.txt (or .srt, .vtt): the words of anna's speech; two for one job are listed
+    and neither used; a text file of no job's stem is left alone. The ledger takes the words' content as it takes
+    the inputs': edited, the job is not skipped as done."""
+    d = tmp_path / "f"
+    make_jobs(d, face_png, ["a", "b", "it's"], seconds=0.2)
+    (d / "a.txt").write_text("Good morning.")
+    (d / "b.srt").write_text("1\n00:00:00,000 --> 00:00:01,000\nGood morning.\n")
+    (d / "b.vtt").write_text("WEBVTT\n\n00:00.000 --> 00:01.000\nGood morning.\n")
+    (d / "it's.txt").write_text("Good morning.")  # (a quote in the path: the override is quoted for YAML)
+    (d / "notes.txt").write_text("not a job's")
+    listed = pair_folder(d, out_dir=tmp_path / "out")
+    jobs = {j.name: j for j in listed.jobs}
+    assert jobs["a"].overrides == (f"preview.transcript='{(d / 'a.txt').resolve()}'",) and jobs["b"].overrides == ()
+    assert sorted(p.name for p in listed.unpaired) == ["b.srt", "b.vtt"]
+    cfg = load_config(None, jobs["it's"].overrides)
+    assert cfg.preview.transcript == str((d / "it's.txt").resolve())
+    request = BatchRequest(source=d, out=tmp_path / "out", overrides=SMALL)
+    before = plan_batch(request).identities[jobs["a"].key]["identity"]
+    assert plan_batch(request).identities[jobs["a"].key]["identity"] == before
+    (d / "a.txt").write_text("Good evening.")
+    assert plan_batch(request).identities[jobs["a"].key]["identity"] != before
 
 
 # -- shards -------------------------------------------------------------------------------------------

@@ -14,13 +14,14 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import shown
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import open_reference
+from avatar_render.preview.script import read_transcript
 
 
 @dataclass(frozen=True)
 class JobPlan:
     name: str
     action: str  # render | resume | skip | fail
-    reason: str  # skip: why; fail: the sentence the job would fail with
+    reason: str  # skip: why; fail: the sentence the job would fail with; render, resume: its transcript, if any
     frames: Optional[int]  # from the audio's metadata
 
 
@@ -48,8 +49,12 @@ def dry_run_batch(request: BatchRequest) -> tuple[JobPlan, ...]:
             open_reference(job.reference, fps=cfg.fps, timing=cfg.reference.timing)
             with AudioReader(job.audio, fps=cfg.fps):
                 pass
+            words = cfg.preview.transcript
+            if words:
+                read_transcript(words)
         except AvatarRenderError as e:
             plans.append(JobPlan(job.name, "fail", str(e), frames))
             continue
-        plans.append(JobPlan(job.name, "resume" if resumes else "render", "", frames))
+        said = f"the words of {shown(Path(words).name)}" if words else ""
+        plans.append(JobPlan(job.name, "resume" if resumes else "render", said, frames))
     return tuple(plans)

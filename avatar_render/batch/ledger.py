@@ -86,13 +86,18 @@ def config_digest(cfg: Config) -> str:
     return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()
 
 
-def identity(config: str, reference: dict[str, Any], audio: dict[str, Any]) -> str:
-    """What decides an output's content: the config and the inputs' content (not their names or times)."""
+def identity(
+    config: str, reference: dict[str, Any], audio: dict[str, Any], words: Optional[dict[str, Any]] = None
+) -> str:
+    """What decides an output's content: the config and the inputs' content (not their names or times), the
+    transcript's (``words``: ``preview.transcript``'s fingerprint) when there is one."""
     parts = {
         "config": config,
         "reference": [reference["size"], reference["sha256"]],
         "audio": [audio["size"], audio["sha256"]],
     }
+    if words is not None:
+        parts["words"] = [words["size"], words["sha256"]]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

@@ -102,12 +102,14 @@ def plan_batch(request: BatchRequest) -> BatchPlan:
     for job in jobs:
         frames[job.key] = expected_frames(job.audio, configs[job.overrides])
         known = ledger.get(job) or {}
+        words = configs[job.overrides].preview.transcript  # (its words changed: rendered again, as its inputs)
         try:
             ref_fp = ledger_mod.fingerprint(job.reference, known.get("reference_fp"))
             audio_fp = ledger_mod.fingerprint(job.audio, known.get("audio_fp"))
+            words_fp = ledger_mod.fingerprint(Path(words)) if words else None
         except OSError as e:
             raise AvatarRenderError(f"{job.origin}: cannot read '{e.filename}': {e.strerror}.") from None
-        ident = ledger_mod.identity(ledger_mod.config_digest(configs[job.overrides]), ref_fp, audio_fp)
+        ident = ledger_mod.identity(ledger_mod.config_digest(configs[job.overrides]), ref_fp, audio_fp, words_fp)
         identities[job.key] = {"identity": ident, "reference_fp": ref_fp, "audio_fp": audio_fp}
         decisions[job.key] = ledger.decide(
             job, ident, partial_exists=render_paths(job.output).partial.exists(), force=request.force

@@ -1,5 +1,5 @@
 """Jobs from a SOURCE: a folder (reference and audio paired by file stem, or one reference for every
-audio) or a manifest file (see ``manifest``)."""
+audio; a transcript of the same stem is the job's ``preview.transcript``) or a manifest file (see ``manifest``)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,14 @@ from avatar_render.files.targets import Inputs
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"})
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"})  # references (their first frame)
 AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".mp3", ".m4a", ".aac", ".ogg", ".opus"})
+TRANSCRIPT_SUFFIXES = frozenset({".txt", ".srt", ".vtt"})  # the words of the audio of the same stem
 
 
 @dataclass(frozen=True)
 class JobList:
     jobs: tuple[Job, ...]
-    unpaired: tuple[Path, ...] = ()  # media files of a folder that found no partner (listed, never guessed)
+    unpaired: tuple[Path, ...] = ()  # media files of a folder that found no partner (listed, never guessed), and
+    # a job's transcripts where it has more than one
 
 
 def load_jobs(source: Path, *, out_dir: Path, ref: Optional[Path] = None) -> JobList:
@@ -62,7 +64,9 @@ def _listed(source: Path, *, out_dir: Path, ref: Optional[Path]) -> JobList:
 
 def pair_folder(folder: Path, *, out_dir: Path, ref: Optional[Path] = None) -> JobList:
     """One job per stem with exactly one reference (image or video) and one audio file, or with ``ref``
-    one job per audio file. Outputs are ``OUT_DIR/STEM.mp4``. Subfolders and hidden files are not read."""
+    one job per audio file; a job's stem with one transcript (.txt, .srt or .vtt: the words spoken) renders with
+    it as ``preview.transcript`` (with two, neither: both are listed). Outputs are ``OUT_DIR/STEM.mp4``.
+    Subfolders and hidden files are not read; text files of no job's stem are left alone."""
     if Path(out_dir).resolve() == folder.resolve():
         raise AvatarRenderError(
             f"Give an output folder other than the source folder '{folder}' (its videos would be read as references)."
@@ -71,6 +75,7 @@ def pair_folder(folder: Path, *, out_dir: Path, ref: Optional[Path] = None) -> J
         regular_file(ref, what="reference", give="an image or video file", empty_ok=False)
     refs: dict[str, list[Path]] = defaultdict(list)
     audios: dict[str, list[Path]] = defaultdict(list)
+    texts: dict[str, list[Path]] = defaultdict(list)
     for path in sorted(folder.iterdir()):
         if path.name.startswith(".") or not path.is_file():
             continue
@@ -79,6 +84,8 @@ def pair_folder(folder: Path, *, out_dir: Path, ref: Optional[Path] = None) -> J
             audios[path.stem].append(path)
         elif suffix in IMAGE_SUFFIXES or suffix in VIDEO_SUFFIXES:
             refs[path.stem].append(path)
+        elif suffix in TRANSCRIPT_SUFFIXES:
+            texts[path.stem].append(path)
     jobs, unpaired = [], []
     for stem in sorted(set(refs) | set(audios)):
         ref_files, audio_files = refs.get(stem, []), audios.get(stem, [])
@@ -90,12 +97,17 @@ def pair_folder(folder: Path, *, out_dir: Path, ref: Optional[Path] = None) -> J
         if pair is None:
             unpaired += audio_files if ref is not None else ref_files + audio_files
             continue
+        words = texts.get(stem, [])
+        if len(words) > 1:
+            unpaired += words
+        quoted = "'" + str(words[0].resolve()).replace("'", "''") + "'" if len(words) == 1 else ""  # (YAML)
         jobs.append(
             Job(
                 name=stem,
                 reference=pair[0].resolve(),
                 audio=pair[1].resolve(),
                 output=(Path(out_dir) / f"{stem}.mp4").resolve(),
+                overrides=(f"preview.transcript={quoted}",) if quoted else (),
                 origin=f"folder '{folder.name}'",
             )
         )
