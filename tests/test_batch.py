@@ -268,6 +268,11 @@ def test_manifest_rows_with_overrides_and_prompts(media):
             '{"ref": "in/face.png", "audio": "in/talk.wav", "overrides": ["seed"]}\n',
             "bad.jsonl line 1: the override 'seed' is not of the form key=value",
         ),
+        (
+            "bad.csv",
+            "ref,audio,transcript\nin/face.png,in/talk.wav,\nin/face.png,in/other.wav,in/other.txt\n",
+            "bad.csv line 3: the transcript 'in/other.txt' does not exist",
+        ),
     ],
 )
 def test_bad_manifest_row_is_refused_with_its_line_before_anything_runs(media, name, text, message):
@@ -278,6 +283,17 @@ def test_bad_manifest_row_is_refused_with_its_line_before_anything_runs(media, n
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"Error: {message}"), done.stderr
     assert not out.exists() or not any(out.rglob("*.mp4"))  # nothing ran
+
+
+def test_a_manifests_transcript_column_is_resolved_as_its_inputs_and_comes_before_the_rows_overrides(media, tmp_path):
+    (media / "in" / "talk.txt").write_text("Good morning.")
+    (media / "words.csv").write_text("ref,audio,output,transcript,overrides\n"
+                                     "in/face.png,in/talk.wav,a.mp4,in/talk.txt,seed=2\n"
+                                     "in/face.png,in/other.wav,b.mp4,,\n")
+    plan = plan_batch(BatchRequest(source=media / "words.csv", out=tmp_path, overrides=SMALL))
+    a, b = plan.jobs
+    assert a.overrides == (f'preview.transcript="{(media / "in" / "talk.txt").resolve()}"', "seed=2")
+    assert b.overrides == ()
 
 
 def test_jsonl_manifest_takes_overrides_as_a_mapping(media, tmp_path):
@@ -328,7 +344,7 @@ def test_a_folders_transcript_of_a_jobs_stem_is_its_preview_transcript_and_count
     (d / "notes.txt").write_text("not a job's")
     listed = pair_folder(d, out_dir=tmp_path / "out")
     jobs = {j.name: j for j in listed.jobs}
-    assert jobs["a"].overrides == (f"preview.transcript='{(d / 'a.txt').resolve()}'",) and jobs["b"].overrides == ()
+    assert jobs["a"].overrides == (f'preview.transcript="{(d / "a.txt").resolve()}"',) and jobs["b"].overrides == ()
     assert sorted(p.name for p in listed.unpaired) == ["b.srt", "b.vtt"]
     cfg = load_config(None, jobs["it's"].overrides)
     assert cfg.preview.transcript == str((d / "it's.txt").resolve())

@@ -2,8 +2,9 @@
 
 Columns (JSON keys): ``ref`` and ``audio`` (required), ``output`` (default: the audio's stem +
 ``.mp4``), ``overrides`` (config overrides: ``key=value`` separated by spaces in CSV, a list or a
-mapping in JSON), ``prompt`` (the text prompt, ``model.prompt``). ``ref`` and ``audio`` are resolved
-against the manifest's folder, ``output`` against the batch's output folder, inside which it must stay
+mapping in JSON), ``prompt`` (the text prompt, ``model.prompt``), ``transcript`` (the words spoken: a text,
+.srt or .vtt file, ``preview.transcript``). ``ref``, ``audio`` and ``transcript`` are resolved against the
+manifest's folder, ``output`` against the batch's output folder, inside which it must stay
 (no ``..`` out of it, no absolute path elsewhere). A bad row is refused with its line number before any
 job runs.
 """
@@ -25,7 +26,7 @@ from avatar_render.files.render_paths import EXTRA_BYTES
 from avatar_render.files.targets import TEMP_EXTRA, inside
 
 MANIFEST_SUFFIXES = frozenset({".csv", ".jsonl", ".ndjson"})
-COLUMNS = ("ref", "audio", "output", "overrides", "prompt")
+COLUMNS = ("ref", "audio", "output", "overrides", "prompt", "transcript")
 CELL_LIMIT = 64 << 10  # no path, override list or prompt is longer than this
 
 
@@ -67,7 +68,7 @@ def _csv_records(path: Path, reader: csv.DictReader) -> list[tuple[int, dict[str
     if unknown or not {"ref", "audio"} <= set(header):
         raise AvatarRenderError(
             f"{path.name} line 1: the header must name the columns ref and audio (and may add "
-            f"output, overrides, prompt); it has {', '.join(header) or 'none'}."
+            f"output, overrides, prompt, transcript); it has {', '.join(header) or 'none'}."
         )
     reader.fieldnames = header
     rows = []
@@ -102,8 +103,10 @@ def _job(row: dict[str, Any], *, where: str, base: Path, out_dir: Path) -> Job:
             raise AvatarRenderError(f"{where}: the {key} cell is "
                                     f"{'longer than 64 KB' if len(value) > CELL_LIMIT else 'not text (a NUL byte)'}.")
     paths = {}
-    for key, what in (("ref", "reference"), ("audio", "audio")):
+    for key, what in (("ref", "reference"), ("audio", "audio"), ("transcript", "transcript")):
         value = row.get(key)
+        if key == "transcript" and not value:
+            continue
         if not isinstance(value, str) or not value:
             raise AvatarRenderError(f"{where}: the {key} column is empty.")
         try:
@@ -119,6 +122,8 @@ def _job(row: dict[str, Any], *, where: str, base: Path, out_dir: Path) -> Job:
         raise AvatarRenderError(f"{where}: the output {shown(output)} must be a file name ending in .mp4.")
     target = _output(output, where=where, out_dir=out_dir)
     overrides = _overrides(row.get("overrides"), where=where)
+    if "transcript" in paths:  # (first: the row's own overrides may still set another)
+        overrides = (f"preview.transcript={json.dumps(str(paths['transcript']))}",) + overrides
     prompt = row.get("prompt")
     if prompt is not None:
         if not isinstance(prompt, str):

@@ -3,6 +3,7 @@ audio; a transcript of the same stem is the job's ``preview.transcript``) or a m
 
 from __future__ import annotations
 
+import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -100,7 +101,7 @@ def pair_folder(folder: Path, *, out_dir: Path, ref: Optional[Path] = None) -> J
         words = texts.get(stem, [])
         if len(words) > 1:
             unpaired += words
-        quoted = "'" + str(words[0].resolve()).replace("'", "''") + "'" if len(words) == 1 else ""  # (YAML)
+        quoted = json.dumps(str(words[0].resolve())) if len(words) == 1 else ""  # (a YAML string, as it is)
         jobs.append(
             Job(
                 name=stem,
