@@ -65,3 +65,30 @@ def test_batch_dry_run_says_what_each_job_would_do_and_writes_nothing(d):
     assert plans["a"]["action"] == "render" and plans["a"]["frames"] == 75
     assert plans["b"]["action"] == "fail" and "is not a readable audio" in plans["b"]["reason"]
     assert snapshot(d, mtimes=True) == before  # not even the output folder
+
+
+def test_dry_runs_name_the_transcript_and_what_is_done_with_it(d):
+    """--transcript (preview.transcript) in the render's plan: its words, a name the dictionary lacks; a batch
+    folder's transcript of a job's stem in its plan; a missing one refused as the render would."""
+    (d / "words.txt").write_text("Good morning, Zorbla, and welcome at 9.")
+    before = snapshot(d, mtimes=True)
+    done = cli("render", "--ref", d / "face.png", "--audio", d / "talk.wav", "-o", d / "out.mp4", "--dry-run",
+               "--transcript", d / "words.txt", *SMALL)
+    assert done.returncode == 0, done.stderr
+    rows = dict(line.split(":", 1) for line in done.stdout.splitlines()[:-1])
+    assert rows["words"].strip().startswith(f"'{d / 'words.txt'}': 7 words, aligned with the audio")
+    assert "('zorbla'): their sounds are guessed from their letters" in rows["words"]
+    done = cli("render", "--ref", d / "face.png", "--audio", d / "talk.wav", "-o", d / "out.mp4", "--dry-run",
+               "--transcript", d / "none.txt", *SMALL)
+    assert done.returncode == 1 and "The transcript file" in done.stderr and "was not found" in done.stderr
+    jobs = d / "jobs"
+    jobs.mkdir()
+    (jobs / "a.wav").write_bytes((d / "talk.wav").read_bytes())
+    (jobs / "a.srt").write_text("1\n00:00:00,000 --> 00:00:02,000\nGood morning.\n")
+    (jobs / "b.wav").write_bytes((d / "talk.wav").read_bytes())
+    inside = snapshot(d, mtimes=True)
+    done = cli("batch", jobs, "--ref", d / "face.png", "--out", d / "out", "--dry-run", "--progress", "json", *SMALL)
+    assert done.returncode == 0, done.stderr
+    plans = {p["name"]: p for p in map(json.loads, done.stdout.splitlines())}
+    assert plans["a"]["reason"] == "the words of 'a.srt'" and plans["b"]["reason"] == ""
+    assert snapshot(d, mtimes=True) == inside and before.items() <= inside.items()

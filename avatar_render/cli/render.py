@@ -35,6 +35,9 @@ def render(
     overrides: OverridesArg = None,
     config: ConfigOpt = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Random seed (overrides the config).")] = None,
+    transcript: Annotated[Optional[Path], typer.Option(
+        "--transcript", help="The words spoken (a text, .srt or .vtt file): the preview's mouth follows their "
+                             "sounds, every m, b and p closing the lips (preview.transcript).")] = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="Write a JSON report here.")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Overwrite an existing output file; discard an interrupted render of it.")] = False,
@@ -88,6 +91,8 @@ def render(
             out.warn(f"--live-gop is now the config key video.gop_seconds (2 s for a live render when unset): "
                      f"pass video.gop_seconds={live_gop:g} instead.")
             given.append(f"video.gop_seconds={live_gop:g}")
+        if transcript is not None:
+            given.insert(0, f"preview.transcript={json.dumps(str(transcript))}")  # (a YAML string, as it is)
         cfg = read_config(out, config, given, seed=seed)
         if output is None and not live and serve is None:
             raise AvatarRenderError("Give an output file (-o), a live target (--live) or --serve.")

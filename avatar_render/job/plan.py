@@ -17,6 +17,7 @@ from avatar_render.face.landmarks import LandmarkModel, find_model
 from avatar_render.files.names import shown
 from avatar_render.files.render_paths import render_paths
 from avatar_render.io.audio import AudioReader
+from avatar_render.io.audio_stream import is_stream
 from avatar_render.io.reference import open_reference
 from avatar_render.job.journal import Journal
 from avatar_render.job.live import Live, live_request
@@ -54,6 +55,7 @@ class RenderPlan:
     memory: str  # what memory it needs
     resume_from: Optional[int]  # --resume: the frame the render goes on from (None: from the beginning)
     writes: tuple[str, ...]  # the files and streams it writes
+    words: str = ""  # the preview's transcript (preview.transcript), when given: what is done with it
 
     def rows(self) -> list[tuple[str, str]]:
         w, h = self.size
@@ -63,8 +65,8 @@ class RenderPlan:
         start = "the beginning" if self.resume_from is None else f"frame {self.resume_from} (--resume)"
         return [("backend", self.backend), ("reference", self.reference), ("audio", self.audio),
                 ("frames", frames), ("chunks", f"{chunks}: {self.chunking}"), ("face", self.face),
-                ("face model", self.face_model), ("memory", self.memory), ("starts from", start),
-                ("writes", ", ".join(self.writes))]
+                ("face model", self.face_model), *([("words", self.words)] if self.words else []),
+                ("memory", self.memory), ("starts from", start), ("writes", ", ".join(self.writes))]
 
 
 def plan_render(request: RenderRequest) -> RenderPlan:
@@ -140,7 +142,7 @@ def plan_render(request: RenderRequest) -> RenderPlan:
         frames=frames, n_chunks=n_chunks, i_chunks=i_chunks,
         chunking=_chunking(sizes, order),
         face=_face(image, cfg), face_model=_face_model(cfg), memory=_memory(cfg, sizes),
-        resume_from=resume_from, writes=tuple(writes))
+        resume_from=resume_from, writes=tuple(writes), words=_words(cfg, request))
 
 
 def _backend(cfg: Config) -> str:
@@ -192,6 +194,17 @@ def _face(image, cfg: Config) -> str:
         return "none found: assumed at the image centre (face.box places it)"
     f = layout.face
     return note or f"1 face, {f.w:.0f}x{f.h:.0f} px at x={f.x:.0f}, y={f.y:.0f}"
+
+
+def _words(cfg: Config, request: RenderRequest) -> str:
+    transcript = cfg.preview.transcript
+    if cfg.backend != "preview" or not transcript or not cfg.preview.phones:
+        return ""
+    from avatar_render.preview.script import transcript_plan
+
+    if is_stream(request.audio):
+        return f"{shown(Path(transcript))}: not used, the audio is a stream (the mouth follows the phones heard)"
+    return f"{shown(Path(transcript))}: {transcript_plan(transcript)}"
 
 
 def _face_model(cfg: Config) -> str:

@@ -39,7 +39,10 @@ BAND_S = 60.0  # how far (seconds of speech) the words through a stretch may be 
 # the words are taken for others than those spoken: the recordings of docs/preview.md with their own texts
 # score -14 to -35, with another recording's text -54 to -75.
 MISMATCH_SCORE = -50.0
-UNKNOWN_SHARE = 0.1  # at most this share of the words may be missing from the dictionary (names, not a language)
+# At most this share of the words, or this many, may be missing from the dictionary (names, not a language; a
+# short text in another language that gets through is caught by its alignment: MISMATCH_SCORE)
+UNKNOWN_SHARE = 0.1
+UNKNOWN_WORDS = 2
 # The aligner's settings, tried in turn until one aligns a stretch's words: the default beams, then wider ones,
 # then pauses allowed between words (fillers).
 _TRIES = (
@@ -135,7 +138,7 @@ def words_of(text: str) -> list[tuple[str, bool]]:
 def align_script(audio: Path, text: str) -> tuple[Script | None, str]:
     """(the script, "" or a line for the user) or (None, the one line that says why there is none). audio: the
     audio file. Words the dictionary lacks get their phones guessed from their letters (``guess_phones``), a
-    name or two; more than UNKNOWN_SHARE of them (another language) and there is no script.
+    name or two; more of them (another language: ``_spelled``) and there is no script.
 
     The audio's stretches of speech (between pauses of PAUSE_S or more) each take a run of the words, those
     whose phones (the dictionary's) fill it at the audio's own rate of phones, preferably ending at a mark
@@ -143,19 +146,9 @@ def align_script(audio: Path, text: str) -> tuple[Script | None, str]:
     chunks reach it (``Script.window``); here only the first, whose score tells words that are not those
     spoken (MISMATCH_SCORE)."""
     words = words_of(text)
-    spellings = _spellings({w for w, _ in words})
-    known = {w.split("(", 1)[0] for w, _ in spellings}
-    unknown = sorted({w for w, _ in words if w not in known})
-    guesses = [(w, guess_phones(w)) for w in unknown]
-    note = ""
-    if unknown:
-        shown = ", ".join(f"'{w}'" for w in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-        share = sum(w not in known for w, _ in words) / len(words)
-        if share > UNKNOWN_SHARE or any(p is None for _, p in guesses):  # (another language, another script)
-            return None, f"The transcript has words the English dictionary does not know ({shown}): {_FALLBACK}."
-        spellings += guesses
-        note = (f"The transcript has words the English dictionary does not know ({shown}): their sounds are "
-                "guessed from their letters.")
+    spellings, note, usable = _spelled(words)
+    if not usable:
+        return None, note
     first = _decoder(_TRIES[0], spellings)
     spelled = [first.lookup_word(w) for w, _ in words]
     level = _file_levels(audio)
@@ -179,6 +172,36 @@ def align_script(audio: Path, text: str) -> tuple[Script | None, str]:
         script.close()
         return None, _FAILED
     return script, note
+
+
+def transcript_plan(path: str | Path) -> str:
+    """What a render will do with a transcript file, for the dry run (the alignment itself is not run)."""
+    words = words_of(read_transcript(path))
+    if model_dir() is None:
+        return f"{len(words)} words; they need PocketSphinx (pip install pocketsphinx): the mouth follows the loudness"
+    _, note, usable = _spelled(words)
+    said = f"{len(words)} words, aligned with the audio as the render reaches them"
+    return f"{said}; {note[0].lower()}{note[1:-1]}" if usable and note else said if usable else (
+        f"{len(words)} words; {note[0].lower()}{note[1:-1]}")
+
+
+def _spelled(words: list[tuple[str, bool]]) -> tuple[list[tuple[str, str]], str, bool]:
+    """(the words' spellings for the aligner, a line for the user or "", whether they can be aligned): the
+    dictionary's, and phones guessed from the letters of the few it lacks (``guess_phones``); more of them
+    lacking (UNKNOWN_SHARE, UNKNOWN_WORDS: another language) or a word with no letters to guess from: not usable."""
+    spellings = _spellings({w for w, _ in words})
+    known = {w.split("(", 1)[0] for w, _ in spellings}
+    unknown = sorted({w for w, _ in words if w not in known})
+    if not unknown:
+        return spellings, "", True
+    guesses = [(w, guess_phones(w)) for w in unknown]
+    shown = ", ".join(f"'{w}'" for w in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+    lacking = f"The transcript has words the English dictionary does not know ({shown})"
+    lacked = sum(w not in known for w, _ in words)
+    if lacked > max(UNKNOWN_WORDS, UNKNOWN_SHARE * len(words)) or any(p is None for _, p in guesses):
+        # (another language, another script)
+        return spellings, f"{lacking}: {_FALLBACK}.", False
+    return spellings + guesses, f"{lacking}: their sounds are guessed from their letters.", True
 
 
 def _spellings(words: set[str]) -> list[tuple[str, str]]:
