@@ -45,6 +45,7 @@ class Backend:
     #   it crops the first frame's face for all
     session_chunks: bool = False  # its chunk sizes are free: a real-time session uses ``session.chunk_frames`` and a
     #   live render starts with a short chunk (low latency)
+    transcript: bool = False  # its mouth follows the words given (``preview.transcript``) when there are some
 
     def load(self, attribute: str) -> Callable[..., Any]:
         """The function ``attribute`` ("build", "checks", "check_sizes", "early") names, imported now."""
@@ -100,7 +101,8 @@ def sr_mode(name: str) -> SRMode:
 
 PREVIEW = register(Backend(
     name="preview", build="avatar_render.preview.engine:build_preview", checks="avatar_render.preview.checks:checks",
-    section="preview", fps_free=True, rig=True, session_chunks=True, early="avatar_render.preview.early:start"))
+    section="preview", fps_free=True, rig=True, session_chunks=True, transcript=True,
+    early="avatar_render.preview.early:start"))
 INFINITETALK = register(Backend(
     name="infinitetalk", build="avatar_render.infinitetalk.engine:build_infinitetalk",
     checks="avatar_render.infinitetalk.checks:checks", section="model",

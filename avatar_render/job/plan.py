@@ -198,7 +198,7 @@ def _face(image, cfg: Config) -> str:
 
 def _words(cfg: Config, request: RenderRequest) -> str:
     transcript = cfg.preview.transcript
-    if cfg.backend != "preview" or not transcript or not cfg.preview.phones:
+    if not backend(cfg.backend).transcript or not transcript or not cfg.preview.phones:
         return ""
     from avatar_render.preview.script import transcript_plan
 
