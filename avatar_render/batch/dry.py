@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from avatar_render.api import render_paths
+from avatar_render.backends import backend
 from avatar_render.batch.run import BatchRequest, plan_batch
 from avatar_render.config import load_config
 from avatar_render.errors import AvatarRenderError
@@ -49,7 +50,7 @@ def dry_run_batch(request: BatchRequest) -> tuple[JobPlan, ...]:
             open_reference(job.reference, fps=cfg.fps, timing=cfg.reference.timing)
             with AudioReader(job.audio, fps=cfg.fps):
                 pass
-            words = cfg.preview.transcript
+            words = cfg.preview.transcript if backend(cfg.backend).transcript else None
             if words:
                 read_transcript(words)
         except AvatarRenderError as e:

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from avatar_render.batch.events import Event, JobFinished, JobMessage, JobProgress, JobStarted, Planned, Stopping
 from avatar_render.batch.jobs import Outcome
+from avatar_render.batch.sources import TRANSCRIPT_SUFFIXES
 from avatar_render.progress import Figures, Ticker, clock
 
 _STYLE = {
@@ -85,7 +86,10 @@ class BatchView:
 
     def _planned(self, p: Planned) -> None:
         for path in p.unpaired:
-            self.warn(f"not paired, not rendered: {path.name} (no partner of the same name, or more than one)")
+            if path.suffix.lower() in TRANSCRIPT_SUFFIXES:
+                self.warn(f"not used: {path.name} (its job has more than one transcript and renders without)")
+            else:
+                self.warn(f"not paired, not rendered: {path.name} (no partner of the same name, or more than one)")
         for o in p.refused:
             self.warn(f"{o.job.name}: {o.reason}")
         skipped = f", {len(p.skipped)} already done" if p.skipped else ""

@@ -180,9 +180,11 @@ def transcript_plan(path: str | Path) -> str:
     if model_dir() is None:
         return f"{len(words)} words; they need PocketSphinx (pip install pocketsphinx): the mouth follows the loudness"
     _, note, usable = _spelled(words)
+    clause = note[:1].lower() + note[1:].rstrip(".")
+    if not usable:
+        return f"{len(words)} words; {clause}"
     said = f"{len(words)} words, aligned with the audio as the render reaches them"
-    return f"{said}; {note[0].lower()}{note[1:-1]}" if usable and note else said if usable else (
-        f"{len(words)} words; {note[0].lower()}{note[1:-1]}")
+    return f"{said}; {clause}" if note else said
 
 
 def _spelled(words: list[tuple[str, bool]]) -> tuple[list[tuple[str, str]], str, bool]:
