@@ -274,6 +274,11 @@ def test_numbers_and_signs_are_written_out_as_spoken():
     assert [w for w, _ in words_of("Open at 9:00, 9:05 and 10am; $1, 2.5 and 2005.")] == (
         "open at nine o'clock nine oh five and ten am one dollar two point five and two thousand and five").split()
     assert guess_phones("bumble") == "B AH M B L" and guess_phones("qué") == "K W EH" and guess_phones("北京") is None
+    # a phone number digit by digit; numbers past what num2words can say (it raised) as digits too
+    assert [w for w, _ in words_of("Call 5551234. Or 5551234567.")] == (
+        "call five million five hundred and fifty one thousand two hundred and thirty four or five five five one two "
+        "three four five six seven").split()
+    assert set(w for w, _ in words_of("9" * 5000 + "th, " + "1." + "1" * 400)) == {"nine", "one", "point"}
 
 
 def _all_phones(text: str) -> tuple[Phone, ...]:

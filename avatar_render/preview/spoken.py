@@ -15,6 +15,9 @@ import unicodedata
 
 from num2words import num2words
 
+# Digits of the longest number said as one, written plain and with thousands' commas: longer ones (a phone
+# number, an id) are read a digit at a time
+LONGEST_PLAIN, LONGEST_GROUPED = 9, 15
 _CURRENCY = {"$": ("dollar", "dollars"), "€": ("euro", "euros"), "£": ("pound", "pounds")}
 _SIGNS = {"&": "and", "+": "plus", "=": "equals", "@": "at", "°": "degrees", "%": "percent"}
 _CUE_TIMING = re.compile(r"^\s*(\d+:)?\d{1,2}:\d{2}[.,]\d{3}\s*-->.*$", re.MULTILINE)
@@ -58,13 +61,20 @@ def _time(m: re.Match) -> str:
     return _words(hours) + ("oh " if minutes < 10 else "") + _words(minutes)
 
 
+def _digits(digits: str) -> str:
+    return " " + " ".join(num2words(int(d), lang="en") for d in digits) + " "
+
+
 def _number(m: re.Match) -> str:
     currency, digits, decimals, ordinal = m.groups()
-    value = int(digits.replace(",", ""))
+    plain = digits.replace(",", "")
+    if len(plain) > (LONGEST_GROUPED if "," in digits else LONGEST_PLAIN):
+        return _digits(plain) + (_digits(decimals[1:]) if decimals else "")
+    value = int(plain)
     if ordinal:
         said = _words(value, to="ordinal")
     elif decimals:
-        said = _words(float(digits.replace(",", "") + decimals))
+        said = _words(value) + "point" + _digits(decimals[1:])
     elif currency is None and "," not in digits and len(digits) == 4 and 1100 <= value <= 2099:
         said = _words(value, to="year")
     else:
