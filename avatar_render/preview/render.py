@@ -23,6 +23,7 @@ from avatar_render.preview.warp import Rect
 
 CUBIC_MAX_PX = 150_000  # heads up to this many pixels are resampled bicubically, larger ones bilinearly
 FOLD_PX = 2.0  # a bank's neighbouring displacements further apart than this are a fold (``_Fold``)
+_CELL = np.ones((2, 2), np.uint8)
 _SCRATCH = threading.local()  # the head maps' buffers (see _maps)
 
 
@@ -174,19 +175,24 @@ class _Fold:
         where the head map points, in the bank's pixels, for the head rectangle's pixels from row, column ``at``;
         ``origin``: the bank's top-left, reference pixels."""
         h, w = folded.shape
-        ix, iy = np.floor(x).astype(np.int32), np.floor(y).astype(np.int32)
-        inside = (ix >= 0) & (iy >= 0) & (ix < w - 1) & (iy < h - 1)
-        rows, cols = np.nonzero(inside)
-        hit = folded[iy[rows, cols], ix[rows, cols]]
-        rows, cols = rows[hit], cols[hit]
-        if len(rows) == 0:
+        # Candidates first, in one pass over the pixels: those sampling next to a corner of a folded cell (a
+        # per-pixel floor over the whole rectangle cost 2.8 ms a frame at 1080p); then the exact cell of each.
+        corner = cv2.dilate(folded.astype(np.uint8), _CELL, anchor=(1, 1)).astype(np.float32)
+        near = cv2.remap(corner, x, y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+        rows, cols = np.nonzero(near > 0)
+        px, py = x[rows, cols], y[rows, cols]
+        j, i = np.floor(px).astype(np.int32), np.floor(py).astype(np.int32)
+        inside = (j >= 0) & (i >= 0) & (j < w - 1) & (i < h - 1)
+        hit = np.zeros_like(inside)
+        hit[inside] = folded[i[inside], j[inside]]
+        if not hit.any():
             return None
-        i, j = iy[rows, cols], ix[rows, cols]
-        fx, fy = x[rows, cols] - j, y[rows, cols] - i
+        rows, cols, px, py, i, j = rows[hit], cols[hit], px[hit], py[hit], i[hit], j[hit]
+        fx, fy = px - j, py - i
         d = np.stack([disp[i, j], disp[i, j + 1], disp[i + 1, j], disp[i + 1, j + 1]], axis=1)  # (n, 4, 2)
         weights = np.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], axis=1)
-        xs = (x[rows, cols] + origin[0])[:, None] + d[..., 0]
-        ys = (y[rows, cols] + origin[1])[:, None] + d[..., 1]
+        xs = (px + origin[0])[:, None] + d[..., 0]
+        ys = (py + origin[1])[:, None] + d[..., 1]
         f32 = np.float32
         return _Fold(rows + at[0], cols + at[1], xs.astype(f32), ys.astype(f32), weights.astype(f32))
 
