@@ -208,16 +208,8 @@ def still_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     """A picture in which no face was found: shown as it is in every frame (a mouth drawn where a face is only
     assumed lands on whatever is there: a tie, a wall)."""
     nothing = np.zeros((0, 0), np.float32)
-    head = HeadMask(
-        rect=Rect(0, 0, 0, 0),
-        xs=nothing,
-        ys=nothing,
-        weight=nothing,
-        wx=nothing,
-        wy=nothing,
-        pivot=(0.0, 0.0),
-        face_width=1.0,
-    )
+    head = HeadMask(rect=Rect(0, 0, 0, 0), xs=nothing, ys=nothing, weight=nothing, wx=nothing, wy=nothing,
+                    pivot=(0.0, 0.0), face_width=1.0)
     return FaceRig(image=image, mesh=mesh, interior=_interior(_median_colour(image, mesh.at(_CHEEKS))), head=head)
 
 
@@ -289,11 +281,8 @@ def _bank(vertices, triangles, axes, moved, width: int, height: int) -> Bank:
         else vertices
     )
     rect = Rect.around(pts, width, height, margin=2.0)
-    return Bank(
-        rect=rect,
-        axes=tuple(tuple(a) for a in axes),
-        warps=Warps(vertices=vertices, shapes=shapes, triangles=touched, rect=rect),
-    )
+    return Bank(rect=rect, axes=tuple(tuple(a) for a in axes),
+                warps=Warps(vertices=vertices, shapes=shapes, triangles=touched, rect=rect))
 
 
 def face_coords(xs: np.ndarray, ys: np.ndarray, mesh: fm.FaceMesh) -> tuple[np.ndarray, np.ndarray]:
