@@ -202,9 +202,7 @@ def _words(cfg: Config, request: RenderRequest) -> str:
         return ""
     from avatar_render.preview.script import transcript_plan
 
-    if is_stream(request.audio):
-        return f"{shown(Path(transcript))}: not used, the audio is a stream (the mouth follows the phones heard)"
-    return f"{shown(Path(transcript))}: {transcript_plan(transcript)}"
+    return f"{shown(Path(transcript))}: {transcript_plan(transcript, stream=is_stream(request.audio))}"
 
 
 def _face_model(cfg: Config) -> str:

@@ -49,7 +49,7 @@ from avatar_render.preview.motion import (
 from avatar_render.preview.phones import PhoneRecognizer, lip_closures, model_dir
 from avatar_render.preview.render import render_frame
 from avatar_render.preview.rig import FaceRig, build_rig, still_rig
-from avatar_render.preview.script import Script, align_script, read_transcript
+from avatar_render.preview.script import NO_SPHINX_NOTE, STREAM_NOTE, Script, align_script, read_transcript
 from avatar_render.preview.visemes import mouth_targets
 
 SPEECH_RATE = 16_000  # the rate the speech analysis runs at
@@ -156,9 +156,9 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
 
     def _script(self, audio: Path | None) -> tuple[Script | None, str]:
         if audio is None:
-            return None, "A transcript is aligned with an audio file, not a stream: the mouth follows the phones heard."
+            return None, STREAM_NOTE
         if model_dir() is None:
-            return None, "A transcript needs PocketSphinx (pip install pocketsphinx): the mouth follows the loudness."
+            return None, NO_SPHINX_NOTE
         return align_script(audio, self.transcript)  # (the first stretch aligned; the others as chunks reach them)
 
 

@@ -51,6 +51,8 @@ _TRIES = (
     dict(beam=1e-120, wbeam=1e-100, pbeam=1e-120, fsgusefiller=True),
 )
 _FALLBACK = "the mouth follows the phones heard instead"
+STREAM_NOTE = "A transcript is aligned with an audio file, not a stream: the mouth follows the phones heard."
+NO_SPHINX_NOTE = "A transcript needs PocketSphinx (pip install pocketsphinx): the mouth follows the loudness."
 
 
 class Script:
@@ -174,12 +176,15 @@ def align_script(audio: Path, text: str) -> tuple[Script | None, str]:
     return script, note
 
 
-def transcript_plan(path: str | Path) -> str:
+def transcript_plan(path: str | Path, *, stream: bool) -> str:
     """What a render will do with a transcript file, for the dry run (the alignment itself is not run)."""
     words = words_of(read_transcript(path))
-    if model_dir() is None:
-        return f"{len(words)} words; they need PocketSphinx (pip install pocketsphinx): the mouth follows the loudness"
-    _, note, usable = _spelled(words)
+    if stream:
+        note, usable = STREAM_NOTE, False
+    elif model_dir() is None:
+        note, usable = NO_SPHINX_NOTE, False
+    else:
+        _, note, usable = _spelled(words)
     clause = note[:1].lower() + note[1:].rstrip(".")
     if not usable:
         return f"{len(words)} words; {clause}"
