@@ -19,13 +19,17 @@ from avatar_render.preview import motion
 from avatar_render.preview.engine import build_preview
 from avatar_render.preview.motion import MotionCarry, blink_track, emphasis, head_track
 from avatar_render.preview.phones import (
+    FLOOR_BELOW_PEAK_DB,
     GAP_CLOSURE_S,
     GAP_LEAD_S,
     RATE,
     Phone,
     PhoneRecognizer,
+    frame_levels,
     model_dir,
+    quiet_gaps,
     stop_closures,
+    with_floor,
 )
 from avatar_render.preview.render import render_frame
 from avatar_render.preview.visemes import mouth_targets
@@ -131,6 +135,33 @@ def test_loud_stretches_of_a_long_pause_are_sound_and_murmurs_closures():
     assert [p.label for p in stop_closures(phones, plain)] == ["AA", "SIL", "AH", "AA"]
     quiet = np.concatenate([_tone(0.1, 700, 1200), np.zeros(int(0.68 * RATE), np.float32), _tone(0.1, 700, 3500)])
     assert [p.label for p in stop_closures(phones, quiet)] == ["AA", "SIL", "AA"]
+
+
+def test_the_recogniser_hears_over_a_noise_floor_where_the_recording_has_none():
+    # A synthetic voice: its stop closures are digital silence, out of what the acoustic model learnt from.
+    vowel = _tone(0.2, 700, 1200)
+    clean = np.concatenate([vowel, np.zeros(int(0.1 * RATE), np.float32), vowel])
+    heard = with_floor(clean)
+    levels = frame_levels(heard)
+    assert levels[22:28].mean() == pytest.approx(levels.max() - FLOOR_BELOW_PEAK_DB, abs=2.0)
+    assert np.abs(heard - clean)[:2000].max() < 0.01 and np.array_equal(heard, with_floor(clean))  # seeded
+    # A recording with its own floor that high or higher is heard as it is.
+    noisy = (clean + 0.01 * np.random.default_rng(2).standard_normal(len(clean))).astype(np.float32)
+    assert with_floor(noisy) is noisy
+
+
+def test_quiet_stretches_the_recogniser_named_are_pauses():
+    # Over room noise, a stop's closure heard as a th: the quiet inside it becomes a pause, the rest stays a th.
+    noise = 0.001 * np.random.default_rng(3).standard_normal(int(0.1 * RATE)).astype(np.float32)
+    audio = np.concatenate([_tone(0.2, 700, 1200), noise, _tone(0.2, 700, 1200)])
+    phones = (Phone("AA", 0.0, 0.18), Phone("TH", 0.18, 0.32), Phone("AA", 0.32, 0.5))
+    out = quiet_gaps(phones, audio)
+    assert [(p.label, round(p.start, 2), round(p.end, 2)) for p in out] == [
+        ("AA", 0.0, 0.18), ("TH", 0.18, 0.2), ("SIL", 0.2, 0.3), ("TH", 0.3, 0.32), ("AA", 0.32, 0.5)]
+    # Loud sounds, and a quiet stretch shorter than QUIET_S, are left as heard.
+    short = np.concatenate([_tone(0.2, 700, 1200), noise[: int(0.02 * RATE)], _tone(0.28, 700, 1200)])
+    assert quiet_gaps(phones, short) == phones
+    assert quiet_gaps(phones, _tone(0.5, 700, 1200)) == phones
 
 
 def test_speech_after_a_pause_with_a_low_onset_starts_from_closed_lips():

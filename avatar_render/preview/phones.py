@@ -9,6 +9,7 @@ the same phones. (Without the reset the decoder carries state from one utterance
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,14 @@ HELD_S = 0.03  # ... for this long keeps the lips shut
 LIP_BURST_LOW = 0.6  # the lips made the closure when at least this share of the burst's energy is under 1.5 kHz
 LIP_BURST_HF = 0.1  # and less than this share above 3 kHz
 FRAME_S = 0.01  # PocketSphinx's frame shift
+# The recogniser hears a window over a noise floor at least this far under its loudest 10 ms, as in the recordings
+# its model learnt from: a quieter floor (a synthetic voice's stop closures are digital silence) is raised to it
+# with pink noise, for the recogniser only (docs/preview.md, "A floor under the speech")
+FLOOR_BELOW_PEAK_DB = 44.0
+FLOOR_PERCENTILE = 5  # the window's floor: this percentile of its 10-ms levels
+QUIET_BELOW_PEAK_DB = 30.0  # 10-ms frames this far under the window's loudest ...
+QUIET_ABOVE_FLOOR_DB = 10.0  # ... and within this of its floor ...
+QUIET_S = 0.03  # ... for at least this long are a pause, whatever the recogniser calls them (noise in a closure)
 _ACOUSTIC = ("mdef", "means", "variances", "transition_matrices", "sendump", "feat.params", "noisedict")
 _MURMUR_BANDS = ((-1, 500), (1000, 3000), (3000, np.inf))  # Hz: under 500, 1-3 kHz, over 3 kHz
 # Narrower beams than the defaults: a little faster, the same phones in 97 % of the frames.
@@ -102,12 +111,66 @@ class PhoneRecognizer(Module):
         """Phones of an (n,) float32 window at 16 kHz, in order, covering it."""
         self.load()
         assert self._decoder is not None
-        pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
+        pcm = (np.clip(with_floor(audio), -1.0, 1.0) * 32767).astype(np.int16)
         out = []
         for word, first, last in self._decoder.segments(pcm):
             label = word if word.isalpha() and word.isupper() else "SIL"
             out.append(Phone(label, first * FRAME_S, (last + 1) * FRAME_S))
-        return stop_closures(tuple(out), audio)
+        return stop_closures(quiet_gaps(tuple(out), audio), audio)
+
+
+def with_floor(audio: np.ndarray) -> np.ndarray:
+    """The (n,) float32 window with its noise floor raised to FLOOR_BELOW_PEAK_DB under its loudest 10 ms, where
+    it lies lower: seeded pink noise, the same for the same window (a resumed render hears the same phones)."""
+    level = frame_levels(audio)
+    if not len(level):
+        return audio
+    target = 10 ** ((float(level.max()) - FLOOR_BELOW_PEAK_DB) / 10)
+    floor = 10 ** (float(np.percentile(level, FLOOR_PERCENTILE)) / 10)
+    if floor >= target:
+        return audio
+    out = _pink(len(audio)) * np.float32(np.sqrt(target - floor))
+    out += audio
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _pink(n: int) -> np.ndarray:
+    """(n,) float32 pink noise (power falling as 1/f) of RMS 1, from a fixed seed; made once for each length (the
+    windows of a render are nearly all one length)."""
+    spectrum = np.fft.rfft(np.random.default_rng(0).standard_normal(n))
+    freqs = np.fft.rfftfreq(n, 1 / RATE)
+    freqs[0] = freqs[1] if n > 2 else 1.0
+    noise = np.fft.irfft(spectrum / np.sqrt(freqs), n)
+    noise = (noise / max(float(np.sqrt(np.mean(noise**2))), 1e-12)).astype(np.float32)
+    noise.flags.writeable = False
+    return noise
+
+
+def quiet_gaps(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, ...]:
+    """The recogniser's phones with the window's quiet stretches made pauses (SIL): at least QUIET_S of 10-ms
+    frames QUIET_BELOW_PEAK_DB under its loudest and within QUIET_ABOVE_FLOOR_DB of its floor. Over a
+    recording's own noise, the recogniser names the quiet of a stop's closure as a sound (a th, a t); a pause
+    there is what ``stop_closures`` names from its release. A phone a gap falls in is split around it."""
+    level = frame_levels(audio)
+    n = len(level)
+    if not n or not phones:
+        return phones
+    quiet = level < min(float(level.max()) - QUIET_BELOW_PEAK_DB,
+                        float(np.percentile(level, FLOOR_PERCENTILE)) + QUIET_ABOVE_FLOOR_DB)
+    owner = np.full(n, -1)  # the phone each frame belongs to; -1: a pause
+    for i, p in enumerate(phones):
+        owner[round(p.start / FRAME_S) : round(p.end / FRAME_S)] = -1 if p.label == "SIL" else i
+    gaps = [(a, b) for is_quiet, a, b in _runs(quiet) if is_quiet and (b - a) * FRAME_S >= QUIET_S]
+    if all((owner[a:b] == -1).all() for a, b in gaps):
+        return phones
+    for a, b in gaps:
+        owner[a:b] = -1
+    out = [Phone("SIL" if i < 0 else phones[i].label, a * FRAME_S, b * FRAME_S) for i, a, b in _runs(owner)]
+    # (the first phone keeps its start; the recogniser's last frame may end past the levels' last)
+    out[0] = Phone(out[0].label, phones[0].start, out[0].end)
+    out[-1] = Phone(out[-1].label, out[-1].start, max(phones[-1].end, out[-1].end))
+    return tuple(out)
 
 
 def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, ...]:
