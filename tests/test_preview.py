@@ -20,6 +20,7 @@ from avatar_render.preview.engine import build_preview
 from avatar_render.preview.motion import MotionCarry, blink_track, emphasis, head_track
 from avatar_render.preview.phones import (
     FLOOR_BELOW_PEAK_DB,
+    FLOOR_MARGIN_DB,
     GAP_CLOSURE_S,
     GAP_LEAD_S,
     RATE,
@@ -145,9 +146,18 @@ def test_the_recogniser_hears_over_a_noise_floor_where_the_recording_has_none():
     levels = frame_levels(heard)
     assert levels[22:28].mean() == pytest.approx(levels.max() - FLOOR_BELOW_PEAK_DB, abs=2.0)
     assert np.abs(heard - clean)[:2000].max() < 0.01 and np.array_equal(heard, with_floor(clean))  # seeded
-    # A recording with its own floor that high or higher is heard as it is.
-    noisy = (clean + 0.01 * np.random.default_rng(2).standard_normal(len(clean))).astype(np.float32)
-    assert with_floor(noisy) is noisy
+    # A recording with its own floor that high, or a little lower (a room's noise), is heard as it is.
+    rng = np.random.default_rng(2)
+
+    def under_floor(db: float) -> np.ndarray:  # the recording over white noise FLOOR_BELOW_PEAK_DB + db under its vowel
+        scale = np.sqrt(np.mean(clean[:3200] ** 2)) * 10 ** (-(FLOOR_BELOW_PEAK_DB + db) / 20)
+        return clean + rng.standard_normal(len(clean)).astype(np.float32) * np.float32(scale)
+
+    for db in (0.0, FLOOR_MARGIN_DB - 2):
+        noisy = under_floor(db)
+        assert with_floor(noisy) is noisy
+    lower = frame_levels(with_floor(under_floor(FLOOR_MARGIN_DB + 4)))
+    assert lower[22:28].mean() == pytest.approx(levels.max() - FLOOR_BELOW_PEAK_DB, abs=2.0)
 
 
 def test_quiet_stretches_the_recogniser_named_are_pauses():

@@ -50,9 +50,12 @@ LIP_BURST_HF = 0.1  # and less than this share above 3 kHz
 FRAME_S = 0.01  # PocketSphinx's frame shift
 # The recogniser hears a window over a noise floor at least this far under its loudest 10 ms, as in the recordings
 # its model learnt from: a quieter floor (a synthetic voice's stop closures are digital silence) is raised to it
-# with pink noise, for the recogniser only (docs/preview.md, "A floor under the speech")
+# with pink noise, for the recogniser only (docs/preview.md, "A noise floor under the speech")
 FLOOR_BELOW_PEAK_DB = 44.0
 FLOOR_PERCENTILE = 5  # the window's floor: this percentile of its 10-ms levels
+# ... raised only where it lies more than this under it: a room's own noise near it is left alone (a little noise
+# added to it changes what the recogniser hears as a small change of the recording does: at random)
+FLOOR_MARGIN_DB = 6.0
 QUIET_BELOW_PEAK_DB = 30.0  # 10-ms frames this far under the window's loudest ...
 QUIET_ABOVE_FLOOR_DB = 10.0  # ... and within this of its floor ...
 QUIET_S = 0.03  # ... for at least this long are a pause, whatever the recogniser calls them (noise in a closure)
@@ -120,14 +123,15 @@ class PhoneRecognizer(Module):
 
 
 def with_floor(audio: np.ndarray) -> np.ndarray:
-    """The (n,) float32 window with its noise floor raised to FLOOR_BELOW_PEAK_DB under its loudest 10 ms, where
-    it lies lower: seeded pink noise, the same for the same window (a resumed render hears the same phones)."""
+    """The (n,) float32 window with its noise floor raised to FLOOR_BELOW_PEAK_DB under its loudest 10 ms, where it
+    lies more than FLOOR_MARGIN_DB lower: seeded pink noise, the same for the same window (a resumed render hears
+    the same phones)."""
     level = frame_levels(audio)
     if not len(level):
         return audio
     target = 10 ** ((float(level.max()) - FLOOR_BELOW_PEAK_DB) / 10)
     floor = 10 ** (float(np.percentile(level, FLOOR_PERCENTILE)) / 10)
-    if floor >= target:
+    if floor * 10 ** (FLOOR_MARGIN_DB / 10) >= target:
         return audio
     out = _pink(len(audio)) * np.float32(np.sqrt(target - floor))
     out += audio
