@@ -268,6 +268,23 @@ def test_loudness_scales_openings_not_closures():
     assert np.all(paused[:, 0] == -motion.PAUSE_CLOSE) and np.all(paused[:, 1] == 0)  # lips closed in a pause
 
 
+def test_a_quiet_recording_is_heard_at_a_usual_level():
+    syllables = np.tile(np.array([-12.0, -12.0, -20.0, -120.0], np.float32), 20)  # speech, pauses of silence
+    # At a usual level: heard as it is.
+    same, speech_db = motion.lifted(syllables, None)
+    assert same is syllables and speech_db == -12.0
+    # 35 dB quieter: lifted so its speech peaks at QUIET_PEAK_DB, and so is what follows (a pause, a noise).
+    quiet, speech_db = motion.lifted(syllables - 35, None)
+    assert np.allclose(quiet, syllables - 35 + (motion.QUIET_PEAK_DB + 47)) and speech_db == -47.0
+    later, speech_db = motion.lifted(np.full(10, -90.0, np.float32), speech_db)
+    assert np.allclose(later, -90 + motion.QUIET_PEAK_DB + 47) and speech_db == -47.0
+    # Steady noise is not speech: a recording that starts with it is not lifted (its noise stays a silence).
+    noise = (-60 + np.random.default_rng(0).uniform(-3, 3, 80)).astype(np.float32)
+    assert motion.lifted(noise, None) == (noise, None)
+    # Louder speech later lowers the lift, never below none.
+    assert motion.lifted(syllables, -47.0)[1] == -12.0
+
+
 def test_pause_closes_the_lips_then_goes_back_to_the_reference():
     fps = Fraction(25)
     speech = np.zeros(300, np.float32)

@@ -40,6 +40,7 @@ from avatar_render.preview.motion import (
     emphasis,
     frame_energy_db,
     head_track,
+    lifted,
     loudness_targets,
     pause_track,
     running_peak,
@@ -222,19 +223,20 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
             return self._between(x, carry), carry
         fps, seed, n = x.chunk.fps, x.chunk.seed, plan.num_frames
         s = plan.start - x.first
-        peaks = running_peak(x.energy_db[s : s + n], carry.peak_db, fps=fps)
+        energy, speech_db = lifted(x.energy_db, carry.speech_db)  # (a quiet recording heard at a usual level)
+        peaks = running_peak(energy[s : s + n], carry.peak_db, fps=fps)
         peak_ext = np.concatenate(
             [
                 np.full(s, carry.peak_db, np.float32),
                 peaks,
-                np.full(len(x.energy_db) - s - n, peaks[-1] if n else carry.peak_db, np.float32),
+                np.full(len(energy) - s - n, peaks[-1] if n else carry.peak_db, np.float32),
             ]
         )
         targets = self._lip_shape(x.targets)
         pause, last_speech = pause_track(
-            x.first, speaking(x.energy_db, peak_ext), carry.last_speech, start=plan.start, end=plan.start + n, fps=fps
+            x.first, speaking(energy, peak_ext), carry.last_speech, start=plan.start, end=plan.start + n, fps=fps
         )
-        mouth = shape_mouth(targets, x.energy_db, peak_ext, gain=self.mouth_gain, pause=pause)  # (m, 2)
+        mouth = shape_mouth(targets, energy, peak_ext, gain=self.mouth_gain, pause=pause)  # (m, 2)
         params = np.zeros((n, len(PARAMS)), np.float32)
         params[:, MOUTH] = mouth[s : s + n]
         for i, ahead in enumerate(carry.mouth_ahead[: min(AHEAD, n)]):
@@ -243,11 +245,12 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
         params[:, BLINK], carry = blink_track(
             plan.start, n, carry, fps=fps, interval_s=self.blink_interval_s, seed=seed, advance=True
         )
-        carry = emphasis(plan.start, x.energy_db[s : s + n], carry, fps=fps)
+        carry = emphasis(plan.start, energy[s : s + n], carry, fps=fps)
         params[:, HEAD] = head_track(plan.start, n, carry, fps=fps, amount=self.head_motion, seed=seed)
         ahead = tuple((float(o), float(w)) for o, w in mouth[s + n : s + n + AHEAD])
         carry = dataclasses.replace(
-            carry, peak_db=float(peaks[-1]) if n else carry.peak_db, mouth_ahead=ahead, last_speech=last_speech
+            carry, peak_db=float(peaks[-1]) if n else carry.peak_db, mouth_ahead=ahead, last_speech=last_speech,
+            speech_db=speech_db,
         )
         return MotionChunk(plan=plan, params=params, first=x.first, mouth=mouth), carry
 

@@ -29,6 +29,11 @@ MOUTH = slice(OPEN, WIDTH + 1)
 HEAD = slice(DX, ZOOM + 1)
 
 SILENCE_DB = -50.0  # below this (dBFS) the mouth rests
+# A quiet recording is heard as if its speech peaked here: its levels are lifted by how far its loudest speech so far
+# lies under this (dBFS, 60-ms windows; the example's peak at -12). A window holds speech when its loudest frame lies
+# SPEECH_RANGE_DB or more above its quiet ones (5th percentile): steady noise, or hum, has no such range.
+QUIET_PEAK_DB = -20.0
+SPEECH_RANGE_DB = 25.0
 RANGE_DB = 30.0  # dynamic range below the running peak mapped onto the opening
 PEAK_FALL_DB_S = 4.0  # how fast the running peak forgets a loud passage
 QUIET_GAIN, LOUD_GAIN = 0.1, 1.0  # opening at the bottom and at the top of that range
@@ -55,6 +60,7 @@ class MotionCarry:
     level_db: float = SILENCE_DB  # slow speech level at the last frame
     nods: tuple[tuple[int, float], ...] = ()  # recent emphasis (frame, strength), oldest first
     last_speech: int = -1  # the latest frame of speech so far; -1: none yet
+    speech_db: float | None = None  # the loudest speech heard so far (dBFS, before any lift); None: none yet
 
 
 def frame_energy_db(
@@ -69,6 +75,16 @@ def frame_energy_db(
     hi = np.clip(np.round((centres + half) * rate).astype(np.int64), 0, len(audio))
     mean_sq = (sq[hi] - sq[lo]) / np.maximum(hi - lo, 1)
     return (10.0 * np.log10(mean_sq + 1e-12)).astype(np.float32)
+
+
+def lifted(energy_db: np.ndarray, speech_db: float | None) -> tuple[np.ndarray, float | None]:
+    """A window's frame levels (n,) dB lifted for a quiet recording, and the loudest speech heard so far after it:
+    by how far that lies under QUIET_PEAK_DB (never lowered: a recording at a usual level is heard as it is)."""
+    if len(energy_db) and float(energy_db.max() - np.percentile(energy_db, 5)) >= SPEECH_RANGE_DB:
+        loudest = float(energy_db.max())
+        speech_db = loudest if speech_db is None else max(speech_db, loudest)
+    lift = 0.0 if speech_db is None else max(0.0, QUIET_PEAK_DB - speech_db)
+    return (energy_db + np.float32(lift) if lift > 0 else energy_db), speech_db
 
 
 def loudness_targets(energy_db: np.ndarray) -> np.ndarray:
