@@ -46,6 +46,7 @@ from avatar_render.preview.motion import (
     running_peak,
     shape_mouth,
     speaking,
+    without_offset,
 )
 from avatar_render.preview.phones import PhoneRecognizer, lip_closures, model_dir
 from avatar_render.preview.render import render_frame
@@ -181,9 +182,9 @@ class SpeechContext(Stage[ChunkInput, SpeechFeatures]):
         plan, fps = x.plan, x.fps
         margin = 0 if plan.kind == "I" else extra_frames(x.audio_pad_s, fps)
         first, m = plan.start - margin, plan.num_frames + 2 * margin
-        energy = frame_energy_db(
-            x.audio, rate=x.audio_rate, fps=fps, first=first, num_frames=m, pad_s=x.audio_pad_s, window_start=plan.start
-        )
+        # (a DC offset is not sound; PocketSphinx's pre-emphasis takes it out of what the recogniser hears)
+        energy = frame_energy_db(without_offset(x.audio), rate=x.audio_rate, fps=fps, first=first, num_frames=m,
+                                 pad_s=x.audio_pad_s, window_start=plan.start)
         if plan.kind == "I":
             return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=None), None
         if self.recognizer is None:
