@@ -33,8 +33,8 @@ SILENCE_DB = -50.0  # below this (dBFS) the mouth rests
 # lies under this (dBFS, 60-ms windows; the example's peak at -12). A window holds speech when its loudest frame lies
 # SPEECH_RANGE_DB or more above its quiet ones (5th percentile): steady noise, or hum, has no such range.
 QUIET_PEAK_DB = -20.0
-DC_LIMIT = 1e-3  # an offset this far from zero (-60 dBFS) is taken out before the levels are read
 SPEECH_RANGE_DB = 25.0
+DC_LIMIT = 1e-3  # an offset this far from zero (-60 dBFS) is taken out before the levels are read
 RANGE_DB = 30.0  # dynamic range below the running peak mapped onto the opening
 PEAK_FALL_DB_S = 4.0  # how fast the running peak forgets a loud passage
 QUIET_GAIN, LOUD_GAIN = 0.1, 1.0  # opening at the bottom and at the top of that range
@@ -67,9 +67,10 @@ class MotionCarry:
 def without_offset(audio: np.ndarray) -> np.ndarray:
     """The (n,) window less its DC offset where it has one: the median of its 10-ms means, when that lies more than
     DC_LIMIT from zero (speech's own means scatter either side of zero; a recording's offset sits in every one)."""
-    hop = 160 if len(audio) >= 160 else max(len(audio), 1)
-    means = audio[: len(audio) // hop * hop].reshape(-1, hop).mean(axis=1) if len(audio) else np.zeros(1)
-    offset = float(np.median(means))
+    hop = 160  # 10 ms at the model's 16 kHz
+    if len(audio) < hop:
+        return audio
+    offset = float(np.median(audio[: len(audio) // hop * hop].reshape(-1, hop).mean(axis=1)))
     return (audio - np.float32(offset)).astype(np.float32) if abs(offset) > DC_LIMIT else audio
 
 
