@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import io
+import json
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -302,6 +303,12 @@ def _moved_keys(cfg: Config) -> Config:
                   ConfigWarning, stacklevel=3)
     face = cfg.face if cfg.face.box is not None else dataclasses.replace(cfg.face, box=cfg.preview.face_box)
     return dataclasses.replace(cfg, face=face, preview=dataclasses.replace(cfg.preview, face_box=None))
+
+
+def path_override(key: str, path: str | Path) -> str:
+    """A ``key=value`` override setting ``key`` to a file's path, quoted (JSON's quoting is YAML's) so that any path
+    (spaces, colons, an '=' or a '#') reads back as the same string."""
+    return f"{key}={json.dumps(str(path))}"
 
 
 def _parse_override(item: str):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from avatar_render.batch.jobs import Job
+from avatar_render.config import path_override
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import shown
 from avatar_render.files.read import parse_json, read_text, regular_file
@@ -123,7 +124,7 @@ def _job(row: dict[str, Any], *, where: str, base: Path, out_dir: Path) -> Job:
     target = _output(output, where=where, out_dir=out_dir)
     overrides = _overrides(row.get("overrides"), where=where)
     if "transcript" in paths:  # (first: the row's own overrides may still set another)
-        overrides = (f"preview.transcript={json.dumps(str(paths['transcript']))}",) + overrides
+        overrides = (path_override("preview.transcript", paths["transcript"]),) + overrides
     prompt = row.get("prompt")
     if prompt is not None:
         if not isinstance(prompt, str):

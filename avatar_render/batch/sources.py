@@ -3,7 +3,6 @@ audio; a transcript of the same stem is the job's ``preview.transcript``) or a m
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Optional
 
 from avatar_render.batch.jobs import Job
 from avatar_render.batch.manifest import MANIFEST_SUFFIXES, read_manifest
+from avatar_render.config import path_override
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import shown
 from avatar_render.files.read import regular_file
@@ -101,14 +101,13 @@ def pair_folder(folder: Path, *, out_dir: Path, ref: Optional[Path] = None) -> J
         words = texts.get(stem, [])
         if len(words) > 1:
             unpaired += words
-        quoted = json.dumps(str(words[0].resolve())) if len(words) == 1 else ""  # (a YAML string, as it is)
         jobs.append(
             Job(
                 name=stem,
                 reference=pair[0].resolve(),
                 audio=pair[1].resolve(),
                 output=(Path(out_dir) / f"{stem}.mp4").resolve(),
-                overrides=(f"preview.transcript={quoted}",) if quoted else (),
+                overrides=(path_override("preview.transcript", words[0].resolve()),) if len(words) == 1 else (),
                 origin=f"folder '{folder.name}'",
             )
         )

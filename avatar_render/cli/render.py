@@ -20,6 +20,7 @@ from avatar_render.cli.app import (
     read_config,
 )
 from avatar_render.cli.progress_view import RenderProgress, progress_choice
+from avatar_render.config import path_override
 from avatar_render.errors import AvatarRenderError
 from avatar_render.progress import done_record
 
@@ -92,7 +93,7 @@ def render(
                      f"pass video.gop_seconds={live_gop:g} instead.")
             given.append(f"video.gop_seconds={live_gop:g}")
         if transcript is not None:
-            given.insert(0, f"preview.transcript={json.dumps(str(transcript))}")  # (a YAML string, as it is)
+            given.insert(0, path_override("preview.transcript", transcript))
         cfg = read_config(out, config, given, seed=seed)
         if output is None and not live and serve is None:
             raise AvatarRenderError("Give an output file (-o), a live target (--live) or --serve.")
