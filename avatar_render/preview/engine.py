@@ -182,17 +182,18 @@ class SpeechContext(Stage[ChunkInput, SpeechFeatures]):
         plan, fps = x.plan, x.fps
         margin = 0 if plan.kind == "I" else extra_frames(x.audio_pad_s, fps)
         first, m = plan.start - margin, plan.num_frames + 2 * margin
-        # (a DC offset is not sound; PocketSphinx's pre-emphasis takes it out of what the recogniser hears)
-        energy = frame_energy_db(without_offset(x.audio), rate=x.audio_rate, fps=fps, first=first, num_frames=m,
-                                 pad_s=x.audio_pad_s, window_start=plan.start)
+        audio = without_offset(x.audio)  # (a DC offset is not sound)
+        energy = frame_energy_db(
+            audio, rate=x.audio_rate, fps=fps, first=first, num_frames=m, pad_s=x.audio_pad_s, window_start=plan.start
+        )
         if plan.kind == "I":
             return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=None), None
         if self.recognizer is None:
             return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=loudness_targets(energy)), None
         start = plan.start / float(fps) - x.audio_pad_s
         # the words spoken, aligned (here, a stretch at a time, as the chunks reach it): the window's phones from them
-        script = None if static.script is None else static.script.window(start, start + len(x.audio) / x.audio_rate)
-        phones = self.recognizer.recognize(x.audio) if script is None else lip_closures(script, x.audio)
+        script = None if static.script is None else static.script.window(start, start + len(audio) / x.audio_rate)
+        phones = self.recognizer.recognize(audio) if script is None else lip_closures(script, audio)
         times = (np.arange(m) - margin + 0.5) / float(fps) + x.audio_pad_s  # seconds into the window
         return SpeechFeatures(chunk=x, first=first, energy_db=energy, targets=mouth_targets(phones, times)), None
 
