@@ -18,12 +18,11 @@ import numpy as np
 from avatar_render.face import mesh as fm
 from avatar_render.preview.interior import paint
 from avatar_render.preview.motion import BLINK, DX, DY, OPEN, ROLL, WIDTH, ZOOM
-from avatar_render.preview.rig import Bank, FaceRig, between, contour_t, face_coords, from_face
+from avatar_render.preview.rig import CELL, Bank, FaceRig, between, contour_t, face_coords, from_face
 from avatar_render.preview.warp import Rect
 
 CUBIC_MAX_PX = 150_000  # heads up to this many pixels are resampled bicubically, larger ones bilinearly
 FOLD_PX = 2.0  # a bank's neighbouring displacements further apart than this are a fold (``_Fold``)
-_CELL = np.ones((2, 2), np.uint8)
 _SCRATCH = threading.local()  # the head maps' buffers (see _maps)
 
 
@@ -177,7 +176,7 @@ class _Fold:
         h, w = folded.shape
         # Candidates first, in one pass over the pixels: those sampling next to a corner of a folded cell (a
         # per-pixel floor over the whole rectangle cost 2.8 ms a frame at 1080p); then the exact cell of each.
-        corner = cv2.dilate(folded.astype(np.uint8), _CELL, anchor=(1, 1)).astype(np.float32)
+        corner = cv2.dilate(folded.astype(np.uint8), CELL, anchor=(1, 1)).astype(np.float32)
         near = cv2.remap(corner, x, y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
         rows, cols = np.nonzero(near > 0)
         px, py = x[rows, cols], y[rows, cols]

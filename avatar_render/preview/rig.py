@@ -24,6 +24,7 @@ WIDTH_LEVELS = (-1.0, 0.0, 1.0)
 BLINK_LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)
 OPEN_LIPS = 0.05  # a reference's lips this far apart (in mouth widths) or more can show its teeth
 MIN_MOUTH_PX = 8.0  # narrower mouths are not animated (only the head moves)
+CELL = np.ones((2, 2), np.uint8)  # a map's 2x2 cell, as a structuring element (``Bank.spread``, render's folds)
 _CHEEKS = (50, 101, 118, 205, 280, 330, 347, 425)  # landmarks on the cheeks, for the skin's colour
 _MOUTH_RED = (1.1, 0.6, 0.56)  # the mouth's lining, relative to the skin's brightness
 _RING = 1.35  # fixed vertices on the face outline scaled by this about its centre
@@ -93,8 +94,7 @@ class Bank:
         made = self._spreads.get(node)
         if made is None:
             g = self.grid(node)
-            cell = np.ones((2, 2), np.uint8)
-            spread = (cv2.dilate(g, cell, anchor=(0, 0)) - cv2.erode(g, cell, anchor=(0, 0))).max(axis=2)
+            spread = (cv2.dilate(g, CELL, anchor=(0, 0)) - cv2.erode(g, CELL, anchor=(0, 0))).max(axis=2)
             made = self._spreads.setdefault(node, spread)
         return made
 

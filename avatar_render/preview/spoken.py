@@ -87,7 +87,7 @@ def _number(m: re.Match) -> str:
 
 # Letters to phones (PocketSphinx's ARPAbet), longest first; a guess for a name, not a pronunciation dictionary.
 _GROUPS = (
-    ("tch", "CH"), ("igh", "AY"), ("ough", "AO"), ("ch", "CH"), ("sh", "SH"), ("th", "TH"), ("ph", "F"),
+    ("ough", "AO"), ("tch", "CH"), ("igh", "AY"), ("ch", "CH"), ("sh", "SH"), ("th", "TH"), ("ph", "F"),
     ("wh", "W"), ("ck", "K"), ("ng", "NG"), ("qu", "K W"), ("kn", "N"), ("wr", "R"), ("gh", "G"),
     ("ee", "IY"), ("ea", "IY"), ("oo", "UW"), ("ou", "AW"), ("ow", "OW"), ("ai", "EY"), ("ay", "EY"),
     ("oi", "OY"), ("oy", "OY"), ("au", "AO"), ("aw", "AO"), ("ie", "IY"), ("ei", "EY"), ("ue", "UW"),
