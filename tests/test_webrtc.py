@@ -7,8 +7,10 @@ import asyncio
 import json
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -73,6 +75,36 @@ def test_the_page_plays_over_webrtc_with_two_viewers(tmp_path: Path, browser) ->
         assert s["frames"] > 10 and s["audioTracks"] == 1 and packets > 0, (s, packets)
         assert s["delay"] is not None and s["delay"] >= 0
     assert status["webrtc"]["viewers"] == 2 and "first_frame" not in status["webrtc"]  # (its viewer's own only)
+
+
+@pytest.mark.slow
+@needs_browser
+def test_a_render_stopped_at_once_while_watched_removes_its_watch_folder(tmp_path: Path, browser) -> None:
+    """Two SIGTERMs while a viewer watches: the render stops at once, and the folder of the segments it served
+    goes with it (the server's closing, which waits for its viewers, was cut short before the folder's removal)."""
+    pytest.importorskip("aiortc", reason="needs aiortc (pip install -e '.[webrtc]')")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    audio = speech(tmp_path / "speech.wav", 8.0)
+    proc = subprocess.Popen(render_cmd("--audio", str(audio), "--serve", "0", "-q"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**env(), "TMPDIR": str(temp)})
+    url = re.search(r"http://\S+", proc.stdout.readline()).group(0)
+    page = browser.new_page()
+    try:
+        page.goto(url)
+        page.wait_for_function("document.getElementById('video').getVideoPlaybackQuality().totalVideoFrames > 10",
+                               timeout=60_000)
+        watched = [p.name for p in temp.iterdir()]
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        page.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert any(name.startswith("avatar-render-live-") for name in watched), watched
+    assert list(temp.iterdir()) == [], proc.stdout.read()
 
 
 @pytest.mark.slow

@@ -193,12 +193,16 @@ class Live:
         return out
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-        if self._temp is not None:
-            remove_tree(self._temp)
-            self._temp = None
+        """Stop the watch server and remove the watch folder this made (the folder even when a stop signal ends the
+        server's closing: it waits for its viewers' connections)."""
+        try:
+            if self.server is not None:
+                server, self.server = self.server, None
+                server.close()
+        finally:
+            if self._temp is not None:
+                remove_tree(self._temp)
+                self._temp = None
 
     def _check_playlist(self, target: LiveTarget, request: RenderRequest) -> None:
         path = target.path

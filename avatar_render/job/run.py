@@ -61,16 +61,23 @@ def run_job(request: RenderRequest, mesh: Mesh, *, telemetry: Telemetry,
                       on_progress=on_progress, on_message=on_message, should_stop=should_stop)
     except BaseException as exc:
         if live is not None:
-            live.ended("stopped" if isinstance(exc, (RenderStopped, StopNow)) else "failed", should_stop=should_stop)
-            live.close()
+            _end_live(live, "stopped" if isinstance(exc, (RenderStopped, StopNow)) else "failed", should_stop)
         raise
     finally:
         if stream is not None:
             stream.close()
     if live is not None:
-        live.ended("finished", should_stop=should_stop)
-        live.close()
+        _end_live(live, "finished", should_stop)
     return report
+
+
+def _end_live(live: Live, state: str, should_stop: Callable[[], bool]) -> None:
+    """Say how the render ended to its watchers (who may be let finish watching), then close the live side: a
+    stop signal while they watch still removes the watch folder it made."""
+    try:
+        live.ended(state, should_stop=should_stop)
+    finally:
+        live.close()
 
 
 def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], audio: Path | StreamedAudio, *,
