@@ -32,10 +32,9 @@ UPPER_SHOW = (0.075, 0.068, 0.07, 0.055, 0.05)  # how far each upper tooth reach
 LOWER_SHOW = 0.022  # how far the lower incisors rise above the lower lip's line with the jaw, mouth widths
 TONGUE_RISE = 0.02  # the tongue's back above the lower teeth's edge, mouth widths
 ARCH = 0.5  # radius of the dental arch, mouth widths
-# Lips rounded (0..1) less than the first leave the teeth as they are; from there to the second the lips close
-# over them (an "oo" shows hardly any, an "oh" their edges), and put what still shows in a little shade
-ROUND_COVER = (0.3, 1.0)
-ROUND_SHADE = 0.2
+# Lips rounded (0..1) less than the first leave the teeth as they are (an "aw", an "oy", the lips of an "r"); from
+# there to the second the lips close over them (an "oh" shows their edges, an "oo" hardly any)
+ROUND_COVER = (0.6, 1.0)
 _PAD = 0.08  # texture rows above the lip line (behind a raised upper lip), mouth widths
 
 
@@ -199,8 +198,8 @@ def paint(
     """The interior at face coordinates (s, t) -> (h, w, 3) float32 RGB.
 
     lip_up, lip_low: where the reference's inner lip contours lie (t at each s); moved_up, moved_low: where the
-    frame's lie; jaw: how far the jaw has dropped, pixels; rounded: 0..1 lips rounded (the teeth in their
-    shadow); sources: reference pixel coordinates of each point (for the photo's grain)."""
+    frame's lie; jaw: how far the jaw has dropped, pixels; rounded: 0..1 lips rounded (closing over the
+    teeth); sources: reference pixel coordinates of each point (for the photo's grain)."""
     width = mi.width
     rest = 0.5 * (lip_up + lip_low)  # the lips' line at rest (closed lips: both contours on it)
     gap = np.maximum(moved_low - moved_up, 1e-3)
@@ -228,9 +227,7 @@ def paint(
     out = out + (low[..., :3] - out) * low[..., 3:]
     up = cv2.remap(mi.upper, col, (t - lip_up + k * UPPER_SHOW[0] * width + mi.pad).astype(np.float32),
                    cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
-    teeth = up[..., 3:] + (1 - up[..., 3:]) * low[..., 3:]
     out = out + (up[..., :3] - out) * up[..., 3:]
-    out = out * (1 - ROUND_SHADE * k * teeth)
     # The lips' inner edges cast soft shadows: deep under the upper lip, lighter over the lower.
     below_up = np.maximum(t - moved_up, 0) / max(0.8, 0.025 * width)
     above_low = np.maximum(moved_low - t, 0) / max(0.8, 0.02 * width)
