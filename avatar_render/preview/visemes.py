@@ -68,8 +68,9 @@ def mouth_targets(phones: tuple[Phone, ...], times: np.ndarray) -> np.ndarray:
             continue
         o, w, pull_o, pull_w = TARGETS.get(ph.label, REST)
         half = (ph.end - ph.start) / 2
-        centre = ph.start + half - LEAD_S
         closure = o < -0.3 and ph.label != "SIL"  # (a pause holds its shape for as long as it lasts)
+        # (lips shut for an m, b or p are shut over its segment, which a stop's release ends: no lead)
+        centre = ph.start + half - (0.0 if closure else LEAD_S)
         reach = CLOSURE_REACH if closure else 1.0
         if closure:  # the lips stay shut for about one closure's length, whatever the recogniser's segment says
             half = min(half, CLOSURE_HOLD_S / 2)
