@@ -27,6 +27,7 @@ from avatar_render.preview.phones import (
     Phone,
     PhoneRecognizer,
     frame_levels,
+    lip_closures,
     model_dir,
     quiet_gaps,
     stop_closures,
@@ -185,6 +186,20 @@ def test_speech_after_a_pause_with_a_low_onset_starts_from_closed_lips():
     assert out[0].end == 0.6 and stop_closures(phones, np.concatenate([np.zeros(int(0.6 * RATE)), low]))[1].start == (
         pytest.approx(0.5)
     )
+
+
+def test_an_aligned_stop_is_shut_over_all_of_its_silent_closure():
+    """A p the words place over 0.25 s: its closure is silence, shut all through (not only its last 60 ms, which
+    left the lips open in the middle of "pumpkin pie"'s long p); the loud start of a long segment is not."""
+    audio = np.concatenate([_tone(0.3, 700, 1200), np.zeros(int(0.25 * RATE), np.float32), _tone(0.3, 700, 3500)])
+    out = lip_closures((Phone("AA", 0.0, 0.3), Phone("P", 0.3, 0.55), Phone("AY", 0.55, 0.85)), audio)
+    shut = [p for p in out if p.label == "P"]
+    assert shut[0].start == pytest.approx(0.3, abs=0.011) and shut[-1].end == 0.55
+    assert all(p.end - p.start <= 0.08 + 1e-9 for p in shut)  # (in pieces of one closure each)
+    times = np.arange(0.31, 0.55, 0.02)
+    assert (mouth_targets(out, times)[:, 0] < -0.5).all()
+    loud = lip_closures((Phone("P", 0.0, 0.55), Phone("AY", 0.55, 0.85)), audio)
+    assert loud[0].label == "HH" and loud[0].end == pytest.approx(0.3, abs=0.011)
 
 
 def test_lips_stay_shut_through_the_quiet_after_a_closure():

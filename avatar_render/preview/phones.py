@@ -228,8 +228,9 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
 def lip_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, ...]:
     """Phones whose stops are all named (aligned to the words spoken): each m, b or p shut over its last
     ALIGNED_CLOSURE_S and through the quiet after it, as in ``stop_closures``. audio: (n,) float32, the window."""
-    out = [q for p in phones for q in (_at_release(p, ALIGNED_CLOSURE_S) if p.label in LIPS else [p])]
-    return tuple(_held_shut(out, frame_levels(audio)))
+    level = frame_levels(audio)
+    out = [q for p in phones for q in (_at_release(p, ALIGNED_CLOSURE_S, level=level) if p.label in LIPS else [p])]
+    return tuple(_held_shut(out, level))
 
 
 def frame_levels(audio: np.ndarray) -> np.ndarray:
@@ -259,13 +260,27 @@ def _held_shut(phones: list[Phone], level: np.ndarray) -> list[Phone]:
     return out
 
 
-def _at_release(closure: Phone, length: float = CLOSURE_S, before: str = "HH") -> list[Phone]:
+def _at_release(
+    closure: Phone, length: float = CLOSURE_S, before: str = "HH", level: np.ndarray | None = None
+) -> list[Phone]:
     """An m, b or p cut to the last ``length`` seconds before its release (the end of its segment), the phone
-    ``before`` over the rest."""
+    ``before`` over the rest; with the window's 10-ms levels (dB), the quiet just before that last part is shut
+    too (a stop's closure is silent for as long as it lasts), in pieces no longer than one closure."""
     if closure.end - closure.start <= length:
         return [closure]
     start = closure.end - length
-    return [Phone(before, closure.start, start), Phone(closure.label, start, closure.end)]
+    lead = start
+    if level is not None and len(level):
+        quiet = float(level.max()) - HELD_QUIET_DB
+        j, first = min(round(start / FRAME_S), len(level)), round(closure.start / FRAME_S)
+        while j > first and level[j - 1] < quiet:
+            j -= 1
+        lead = max(closure.start, min(start, j * FRAME_S))
+    pieces = int(np.ceil((start - lead) / CLOSURE_S - 1e-9))
+    cuts = np.linspace(lead, start, pieces + 1)
+    shut = [Phone(closure.label, float(a), float(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+    shut.append(Phone(closure.label, start, closure.end))
+    return [Phone(before, closure.start, lead)] * (lead > closure.start) + shut
 
 
 def _loud_stretches(pause: Phone, audio: np.ndarray, level: np.ndarray) -> list[Phone]:
