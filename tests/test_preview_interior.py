@@ -156,3 +156,24 @@ def test_rounded_lips_close_over_the_teeth_and_open_on_the_dark(closed):
         return float((moved[14] - moved[13]) @ closed.mouth.down)  # inner lips' middle points
 
     assert gap(-1.0) < gap(0.0) - 0.3 * PART * closed.mouth.width_px
+
+
+def test_rounded_lips_meet_towards_the_corners_around_a_round_hole(closed):
+    """An "oo" is a round hole: rounded lips meet towards the corners (the gap between the inner lips shut there,
+    the jaw's drop held off the lower lip), open in the middle, where an unrounded mouth is open across."""
+    mouth, mesh = closed.mouth, closed.mesh
+    ex, _ = mesh.axes()
+    centre = mesh.points[[61, 291]].mean(axis=0)
+    pairs = list(zip(fm.LIPS_INNER_UPPER[1:-1], fm.LIPS_INNER_LOWER[1:-1]))
+    across = np.array([abs(float((mesh.points[iu] - centre) @ ex)) for iu, _ in pairs]) / mouth.width_px  # (corners: 0.5)
+
+    def gaps(open_: float, width: float) -> np.ndarray:
+        moved = mouth.moved(open_, width)
+        return np.array([float((moved[il] - moved[iu]) @ mouth.down) for iu, il in pairs])
+
+    outer, middle = across > 0.35, across < 0.15
+    assert outer.any() and middle.any()
+    for open_ in (0.3, 0.8):
+        rounded, plain = gaps(open_, -1.0), gaps(open_, 0.0)
+        assert rounded[outer].max() < 0.3 * plain[outer].min()
+        assert rounded[middle].min() > 0.75 * plain[middle].max()

@@ -22,6 +22,9 @@ PART_KNEE = 0.15  # the parting is complete from this opening on (a level of the
 # Rounded lips close in around a smaller opening: at width -1 they take back this share of the parting (an "oo"
 # is a small hole, not the open mouth of an "a" in the dark). Linear in the width: the bank's blend stays exact.
 ROUND_PART = 0.7
+# ... and meet towards the corners, from the first to the second distance from the middle (mouth widths): an "oo" is
+# a round hole, not a slit as wide as the mouth
+ROUND_HOLE = (0.2, 0.42)
 LIP_RAISE = 0.10  # upper lip travel up, as a fraction of the jaw's
 SEAL_UPPER = 0.25  # share of the lip gap the upper lip closes when the lips press together
 SPREAD = 0.12  # mouth widening at width = 1, as a fraction of the width
@@ -56,6 +59,7 @@ class MouthShape:
     jaw: np.ndarray  # (N, 2) at open = 1: jaw drop, upper lip raise, corners drawn in a little
     spread: np.ndarray  # (N, 2) at width = 1
     round: np.ndarray  # (N, 2) at width = -1
+    held: np.ndarray  # (N, 2) taken off the jaw's travel per unit of opening at width = -1 (the corners' lower lip)
     lower_teeth: np.ndarray  # (2,) travel of the lower teeth at open = 1 (with the jaw)
     upper_teeth: np.ndarray  # (2,) travel of the upper teeth at open = 1 (with the upper lip)
     width_px: float  # mouth width, pixels
@@ -115,6 +119,15 @@ class MouthShape:
         # (The inner upper lip stays: above it there are no teeth of the reference's to show.)
         for idx, sign in ((fm.LIPS_OUTER_UPPER, -1), (fm.LIPS_OUTER_LOWER, 1), (fm.LIPS_INNER_LOWER, 0.6)):
             rnd[list(idx)] += (sign * bulge[list(idx)])[:, None] * ey
+        # Towards the corners they meet: across the gap they leave at rest, and the lower lip holds there against
+        # the jaw's drop (in proportion to the opening: bilinear in opening and width, so the bank's blend is exact).
+        meet = _smoothstep(np.abs(u), *ROUND_HOLE)
+        for iu, il, _, _ in _LIP_PAIRS:
+            gap = max(float((p[il] - p[iu] + rnd[il] - rnd[iu]) @ ey), 0.0) * meet[iu]
+            rnd[iu] += SEAL_UPPER * gap * ey
+            rnd[il] -= (1 - SEAL_UPPER) * gap * ey
+        held = np.zeros(len(p))
+        held[lower_lip] = meet[lower_lip] * jaw_w[lower_lip] * JAW_DROP * width
 
         return MouthShape(
             base=vertices.astype(np.float32),
@@ -122,6 +135,7 @@ class MouthShape:
             jaw=full(jaw),
             spread=full(spread),
             round=full(rnd),
+            held=full(held[:, None] * ey),
             lower_teeth=(d * ey).astype(np.float32),
             upper_teeth=(-LIP_RAISE * d * ey).astype(np.float32),
             width_px=width,
@@ -138,7 +152,8 @@ class MouthShape:
         """(N, 2) vertex displacements of a mouth shape."""
         out = self.spread * width if width > 0 else self.round * -width
         if open_ >= 0:
-            return out + self.jaw * self.jaw_amount(open_, width)
+            held = self.held * (open_ * -width) if width < 0 else 0.0
+            return out + self.jaw * self.jaw_amount(open_, width) - held
         # Lips pressed shut (open < 0: this far): the jaw brings the lower lip up most of the way and the
         # upper lip comes down to meet it, across the gap the lips have in this width (rounded lips part
         # a little); each lip moves whole (stretching a lip over the teeth it showed reads as lips apart).
