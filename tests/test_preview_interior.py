@@ -165,7 +165,8 @@ def test_rounded_lips_meet_towards_the_corners_around_a_round_hole(closed):
     ex, _ = mesh.axes()
     centre = mesh.points[[61, 291]].mean(axis=0)
     pairs = list(zip(fm.LIPS_INNER_UPPER[1:-1], fm.LIPS_INNER_LOWER[1:-1]))
-    across = np.array([abs(float((mesh.points[iu] - centre) @ ex)) for iu, _ in pairs]) / mouth.width_px  # (corners: 0.5)
+    # how far out each pair lies, in mouth widths (the corners at 0.5)
+    across = np.array([abs(float((mesh.points[iu] - centre) @ ex)) for iu, _ in pairs]) / mouth.width_px
 
     def gaps(open_: float, width: float) -> np.ndarray:
         moved = mouth.moved(open_, width)
