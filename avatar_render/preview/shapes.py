@@ -127,7 +127,7 @@ class MouthShape:
             rnd[iu] += SEAL_UPPER * gap * ey
             rnd[il] -= (1 - SEAL_UPPER) * gap * ey
         held = np.zeros(len(p))
-        held[lower_lip] = meet[lower_lip] * jaw_w[lower_lip] * JAW_DROP * width
+        held[lower_lip] = meet[lower_lip] * jaw_w[lower_lip] * d
 
         return MouthShape(
             base=vertices.astype(np.float32),
