@@ -302,12 +302,12 @@ def test_a_quiet_recording_is_heard_at_a_usual_level():
 
 def test_a_dc_offset_is_not_read_as_sound():
     speech = np.concatenate([_tone(0.3, 700, 1200), np.zeros(int(0.3 * RATE), np.float32)] * 3)
-    assert motion.without_offset(speech) is speech  # (its own means scatter about zero)
+    assert motion.without_offset(speech, rate=RATE) is speech  # (its own means scatter about zero)
     shifted = speech + np.float32(0.02)
-    level = motion.frame_energy_db(motion.without_offset(shifted), rate=RATE, fps=Fraction(25), first=0,
+    level = motion.frame_energy_db(motion.without_offset(shifted, rate=RATE), rate=RATE, fps=Fraction(25), first=0,
                                    num_frames=40, pad_s=0.0, window_start=0)
     assert level[10:14].max() < motion.SILENCE_DB  # the pause is a pause again (-34 dBFS with the offset)
-    assert np.allclose(motion.without_offset(shifted), speech, atol=1e-6)
+    assert np.allclose(motion.without_offset(shifted, rate=RATE), speech, atol=1e-6)
 
 
 def test_pause_closes_the_lips_then_goes_back_to_the_reference():

@@ -182,7 +182,7 @@ class SpeechContext(Stage[ChunkInput, SpeechFeatures]):
         plan, fps = x.plan, x.fps
         margin = 0 if plan.kind == "I" else extra_frames(x.audio_pad_s, fps)
         first, m = plan.start - margin, plan.num_frames + 2 * margin
-        audio = without_offset(x.audio)  # (a DC offset is not sound)
+        audio = without_offset(x.audio, rate=x.audio_rate)  # (a DC offset is not sound)
         energy = frame_energy_db(
             audio, rate=x.audio_rate, fps=fps, first=first, num_frames=m, pad_s=x.audio_pad_s, window_start=plan.start
         )

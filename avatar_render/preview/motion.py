@@ -64,10 +64,10 @@ class MotionCarry:
     speech_db: float | None = None  # the loudest speech heard so far (dBFS, before any lift); None: none yet
 
 
-def without_offset(audio: np.ndarray) -> np.ndarray:
-    """The (n,) window less its DC offset where it has one: the median of its 10-ms means, when that lies more than
-    DC_LIMIT from zero (speech's own means scatter either side of zero; a recording's offset sits in every one)."""
-    hop = 160  # 10 ms at the model's 16 kHz
+def without_offset(audio: np.ndarray, *, rate: int) -> np.ndarray:
+    """The (n,) window at ``rate`` Hz less its DC offset where it has one: the median of its 10-ms means, when that
+    lies more than DC_LIMIT from zero (speech's own means scatter either side of zero; an offset sits in every one)."""
+    hop = max(1, rate // 100)
     if len(audio) < hop:
         return audio
     offset = float(np.median(audio[: len(audio) // hop * hop].reshape(-1, hop).mean(axis=1)))
