@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from avatar_render.preview.phones import Phone
+from avatar_render.preview.phones import CLOSURE_S, Phone
 
 LEAD_S = 0.015  # the mouth's shape leads the sound
 AHEAD_S = 0.075  # extra reach of a phone's dominance before it (anticipation: 50-100 ms with LEAD_S)
 BEHIND_S = 0.04  # and after it
 MIN_PHONE_S = 0.02
 CLOSURE_REACH = 0.25  # closures pull hard but briefly: their reach is this fraction of the others'
-CLOSURE_HOLD_S = 0.08  # longest time the lips stay pressed together for one m, b or p
+# longest time the lips stay pressed together for one m, b or p (a longer lip phone is shut in pieces of this length)
+CLOSURE_HOLD_S = CLOSURE_S
 
 # phone: (open, width, pull on open, pull on width)
 _CLASSES: dict[tuple[str, ...], tuple[float, float, float, float]] = {
