@@ -217,9 +217,6 @@ def file_writes(path: Path) -> list[str]:
 NOT_FILE_WRITES = {
     ("avatar_render/io/live/wire.py", "av.open(..., write)"): "a pipe into ffmpeg (SRT)",
     ("avatar_render/io/live/rtmp_child.py", "av.open(..., write)"): "a network stream (RTMP)",
-    ("avatar_render/io/codecs.py", "av.open(..., write)"): "FFmpeg writes the final copy under a temporary name "
-                                                           "that files.write.temp_beside made (faststart re-opens "
-                                                           "the file by its name)",
 }
 
 

@@ -1,5 +1,5 @@
-"""The encoders behind the MP4 writer (x264 with zero latency, FFmpeg's AAC), the final stream copy
-into a regular MP4, and the wording of file errors."""
+"""The encoders behind the MP4 writer (x264 with zero latency, FFmpeg's AAC) and the wording of file
+errors."""
 
 from __future__ import annotations
 
@@ -10,41 +10,8 @@ from pathlib import Path
 
 import av
 
-from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import os_reason, shown
-from avatar_render.files.write import place, remove, temp_beside
 from avatar_render.io.spec import WriterSpec
-
-
-def remux_faststart(src: Path, dst: Path) -> None:
-    """Write the fragmented file ``src`` as a regular MP4 with its index in front to ``dst`` (a
-    stream copy; ``dst`` may be ``src``). Raises AvatarRenderError when it cannot be written.
-
-    Fragmented MP4 makes FFmpeg-based players report the AAC priming as a negative start time
-    (so the container duration runs long), and tools without fragment support cannot read it. The
-    copy is written beside ``dst`` and moved over it, so a crash leaves ``src`` intact.
-    """
-    src, dst = Path(src), Path(dst)
-    try:
-        part = temp_beside(dst)  # (FFmpeg opens it by name: faststart reads the file back to move the index)
-    except OSError as exc:
-        raise AvatarRenderError(write_error(dst, exc)) from None
-    try:
-        with av.open(str(src)) as source, av.open(str(part), "w", format="mp4",
-                                                  options={"movflags": "faststart"}) as out:
-            streams = {s.index: out.add_stream_from_template(s) for s in source.streams}
-            for packet in source.demux():
-                if packet.dts is None:  # the demuxer's end-of-stream marker
-                    continue
-                packet.stream = streams[packet.stream.index]
-                out.mux(packet)
-        place(part, dst, replace=True)
-    except OSError as exc:
-        remove(part)
-        raise AvatarRenderError(write_error(dst, exc)) from None
-    except BaseException:
-        remove(part)
-        raise
 
 
 def open_video_encoder(spec: WriterSpec) -> av.VideoCodecContext:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import BinaryIO, Optional
+from typing import BinaryIO, Iterator, Optional
 
 AAC_FRAME = 1024  # samples per AAC frame
 AAC_PRIMING = 1024  # silent samples FFmpeg's native aac encoder puts before the first input sample
@@ -126,21 +126,21 @@ class Fmp4Muxer:
                 for s in samples
             )
             trafs.append(
-                _box(
+                box(
                     b"traf",
-                    _full_box(b"tfhd", 0, 0x020000, struct.pack(">I", track_id)),  # default-base-is-moof
-                    _full_box(b"tfdt", 1, 0, struct.pack(">Q", decode_time)),
+                    full_box(b"tfhd", 0, 0x020000, struct.pack(">I", track_id)),  # default-base-is-moof
+                    full_box(b"tfdt", 1, 0, struct.pack(">Q", decode_time)),
                     # flags: data offset, and per sample: duration, size, flags
-                    _full_box(b"trun", 0, 0x000701, struct.pack(">Ii", len(samples), data_offset), entries),
+                    full_box(b"trun", 0, 0x000701, struct.pack(">Ii", len(samples), data_offset), entries),
                 )
             )
             data_offset += sum(len(s.data) for s in samples)
-        return _box(b"moof", _full_box(b"mfhd", 0, 0, struct.pack(">I", self.sequence + 1)), *trafs)
+        return box(b"moof", full_box(b"mfhd", 0, 0, struct.pack(">I", self.sequence + 1)), *trafs)
 
     def init_segment(self) -> bytes:
         t = self.tracks
         rate = t.audio_rate
-        avc1 = _box(
+        avc1 = box(
             b"avc1",
             bytes(6),
             struct.pack(">H", 1),  # data_reference_index
@@ -152,7 +152,7 @@ class Fmp4Muxer:
             struct.pack(">Hh", 0x18, -1),
             _avcc_box(t.avc_extradata),
         )
-        mp4a = _box(
+        mp4a = box(
             b"mp4a",
             bytes(6),
             struct.pack(">H", 1),
@@ -163,8 +163,8 @@ class Fmp4Muxer:
         )
         # The edit list skips the AAC encoder's priming samples so audio starts with the first video
         # frame; a zero segment duration means "to the end" in a fragmented file.
-        elst = _full_box(b"elst", 0, 0, struct.pack(">IIihh", 1, 0, AAC_PRIMING, 1, 0))
-        mvhd = _full_box(
+        elst = full_box(b"elst", 0, 0, struct.pack(">IIihh", 1, 0, AAC_PRIMING, 1, 0))
+        mvhd = full_box(
             b"mvhd",
             0,
             0,
@@ -174,19 +174,19 @@ class Fmp4Muxer:
             bytes(24),
             struct.pack(">I", _AUDIO_ID + 1),  # next_track_ID
         )
-        trex = [_full_box(b"trex", 0, 0, struct.pack(">5I", i, 1, 0, 0, 0)) for i in (_VIDEO_ID, _AUDIO_ID)]
-        return _box(b"ftyp", b"iso5", struct.pack(">I", 512), b"iso5iso6mp41") + _box(
+        trex = [full_box(b"trex", 0, 0, struct.pack(">5I", i, 1, 0, 0, 0)) for i in (_VIDEO_ID, _AUDIO_ID)]
+        return box(b"ftyp", b"iso5", struct.pack(">I", 512), b"iso5iso6mp41") + box(
             b"moov",
             mvhd,
             self._trak(_VIDEO_ID, self.video_timescale, avc1, b""),
-            self._trak(_AUDIO_ID, rate, mp4a, _box(b"edts", elst)),
-            _box(b"mvex", *trex),
+            self._trak(_AUDIO_ID, rate, mp4a, box(b"edts", elst)),
+            box(b"mvex", *trex),
         )
 
     def _trak(self, track_id: int, timescale: int, entry: bytes, edts: bytes) -> bytes:
         is_video = track_id == _VIDEO_ID
         width, height = (self.tracks.width, self.tracks.height) if is_video else (0, 0)
-        tkhd = _full_box(
+        tkhd = full_box(
             b"tkhd",
             0,
             3,  # enabled, in movie
@@ -196,46 +196,55 @@ class Fmp4Muxer:
             _MATRIX,
             struct.pack(">II", width << 16, height << 16),
         )
-        mdhd = _full_box(b"mdhd", 0, 0, struct.pack(">4IHH", 0, 0, timescale, 0, 0x55C4, 0))  # language 'und'
+        mdhd = full_box(b"mdhd", 0, 0, struct.pack(">4IHH", 0, 0, timescale, 0, 0x55C4, 0))  # language 'und'
         handler, name = (b"vide", b"VideoHandler\0") if is_video else (b"soun", b"SoundHandler\0")
-        hdlr = _full_box(b"hdlr", 0, 0, bytes(4), handler, bytes(12), name)
-        header = _full_box(b"vmhd", 0, 1, bytes(8)) if is_video else _full_box(b"smhd", 0, 0, bytes(4))
-        dinf = _box(b"dinf", _full_box(b"dref", 0, 0, struct.pack(">I", 1), _full_box(b"url ", 0, 1)))
+        hdlr = full_box(b"hdlr", 0, 0, bytes(4), handler, bytes(12), name)
+        header = full_box(b"vmhd", 0, 1, bytes(8)) if is_video else full_box(b"smhd", 0, 0, bytes(4))
+        dinf = box(b"dinf", full_box(b"dref", 0, 0, struct.pack(">I", 1), full_box(b"url ", 0, 1)))
         empty = struct.pack(">I", 0)
-        stbl = _box(
+        stbl = box(
             b"stbl",
-            _full_box(b"stsd", 0, 0, struct.pack(">I", 1), entry),
-            _full_box(b"stts", 0, 0, empty),
-            _full_box(b"stsc", 0, 0, empty),
-            _full_box(b"stsz", 0, 0, empty, empty),
-            _full_box(b"stco", 0, 0, empty),
+            full_box(b"stsd", 0, 0, struct.pack(">I", 1), entry),
+            full_box(b"stts", 0, 0, empty),
+            full_box(b"stsc", 0, 0, empty),
+            full_box(b"stsz", 0, 0, empty, empty),
+            full_box(b"stco", 0, 0, empty),
         )
-        minf = _box(b"minf", header, dinf, stbl)
-        return _box(b"trak", tkhd, edts, _box(b"mdia", mdhd, hdlr, minf))
+        minf = box(b"minf", header, dinf, stbl)
+        return box(b"trak", tkhd, edts, box(b"mdia", mdhd, hdlr, minf))
 
 
 def scan_fragments(file: BinaryIO, end: int) -> int:
     """Check that bytes [0, end) of ``file`` are an init segment followed by whole moof + mdat pairs;
     return the sequence number of the last fragment (0 if none). Reads box headers only.
     Raises ValueError naming what is wrong."""
-    pos, kinds, sequence = 0, [], 0
+    kinds, sequence = [], 0
+    for kind, pos, _, box_end in boxes(file, 0, end):
+        if kind == b"moof":
+            sequence = _mfhd_sequence(file, pos, box_end - pos)
+        kinds.append(kind)
+    if kinds[:2] != [b"ftyp", b"moov"] or kinds[2:] != [b"moof", b"mdat"] * ((len(kinds) - 2) // 2):
+        raise ValueError("the boxes are not an init segment followed by moof + mdat pairs")
+    return sequence
+
+
+def boxes(file: BinaryIO, start: int, end: int) -> Iterator[tuple[bytes, int, int, int]]:
+    """(kind, start, payload start, end) of each box in bytes [start, end) of ``file``, read by their
+    headers. Raises ValueError where a box does not end by ``end``."""
+    pos = start
     while pos < end:
         file.seek(pos)
         header = file.read(16)
         if len(header) < 8:
             raise ValueError(f"the file ends inside a box header at byte {pos}")
         size, kind = struct.unpack(">I4s", header[:8])
+        payload = pos + 8
         if size == 1 and len(header) == 16:
-            size = struct.unpack(">Q", header[8:])[0]
-        if size < 8 or pos + size > end:
+            size, payload = struct.unpack(">Q", header[8:])[0], pos + 16
+        if size < payload - pos or pos + size > end:
             raise ValueError(f"the box at byte {pos} does not end at a fragment boundary")
-        if kind == b"moof":
-            sequence = _mfhd_sequence(file, pos, size)
-        kinds.append(kind)
+        yield kind, pos, payload, pos + size
         pos += size
-    if kinds[:2] != [b"ftyp", b"moov"] or kinds[2:] != [b"moof", b"mdat"] * ((len(kinds) - 2) // 2):
-        raise ValueError("the boxes are not an init segment followed by moof + mdat pairs")
-    return sequence
 
 
 def _mfhd_sequence(file: BinaryIO, moof_pos: int, moof_size: int) -> int:
@@ -246,13 +255,13 @@ def _mfhd_sequence(file: BinaryIO, moof_pos: int, moof_size: int) -> int:
     return struct.unpack(">I", head[12:16])[0]
 
 
-def _box(kind: bytes, *payload: bytes) -> bytes:
+def box(kind: bytes, *payload: bytes) -> bytes:
     body = b"".join(payload)
     return struct.pack(">I4s", 8 + len(body), kind) + body
 
 
-def _full_box(kind: bytes, version: int, flags: int, *payload: bytes) -> bytes:
-    return _box(kind, struct.pack(">I", version << 24 | flags), *payload)
+def full_box(kind: bytes, version: int, flags: int, *payload: bytes) -> bytes:
+    return box(kind, struct.pack(">I", version << 24 | flags), *payload)
 
 
 def _nal_units(annexb: bytes) -> list[bytes]:
@@ -274,7 +283,7 @@ def _avcc_box(extradata: bytes) -> bytes:
     body += bytes([len(pps)]) + b"".join(struct.pack(">H", len(n)) + n for n in pps)
     if sps[0][1] not in (66, 77, 88):  # High profiles add chroma format (4:2:0) and bit depths (8)
         body += bytes([0xFC | 1, 0xF8, 0xF8, 0])
-    return _box(b"avcC", body)
+    return box(b"avcC", body)
 
 
 def _descriptor(tag: int, payload: bytes) -> bytes:
@@ -286,4 +295,4 @@ def _descriptor(tag: int, payload: bytes) -> bytes:
 def _esds_box(asc: bytes, bitrate: int) -> bytes:
     config = struct.pack(">BBBHII", 0x40, 0x15, 0, 0, bitrate, bitrate)  # AAC, audio stream, buffer, max, avg
     es = struct.pack(">HB", _AUDIO_ID, 0) + _descriptor(0x04, config + _descriptor(0x05, asc))
-    return _full_box(b"esds", 0, 0, _descriptor(0x03, es + _descriptor(0x06, b"\x02")))
+    return full_box(b"esds", 0, 0, _descriptor(0x03, es + _descriptor(0x06, b"\x02")))

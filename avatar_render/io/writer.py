@@ -4,7 +4,8 @@ sink: the fragmented MP4 file (the record) and the live sinks (``io.live``).
 Each chunk put into the writer becomes one MP4 fragment (``moof`` + ``mdat``) that is handed to
 the operating system as soon as the chunk is encoded, so the file plays while it grows and stays
 readable up to its last complete fragment if the process dies. ``close()`` then turns it into a
-regular MP4 with its index in front (a quick stream copy), the most widely playable form.
+regular MP4 with its index in front, the most widely playable form (``io.faststart``: the samples
+copied as they lie, in memory that does not grow with the duration).
 
 The fragments are written here (``io.fmp4``) rather than by FFmpeg's ``mp4`` muxer because that
 muxer only emits a fragment when the *next* one starts (PyAV has no call to flush it), which would
@@ -45,8 +46,9 @@ import numpy as np
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import shown
-from avatar_render.io.codecs import remux_faststart, write_error
+from avatar_render.io.codecs import write_error
 from avatar_render.io.encoder import Aborted, ChunkEncoder, Fragment, replay_from
+from avatar_render.io.faststart import remux_faststart
 from avatar_render.io.filesink import FileSink
 from avatar_render.io.fmp4 import MuxerState
 from avatar_render.io.memory import release_freed
