@@ -46,9 +46,14 @@ def ask_to_be_killed():
     Path(os.environ["CAMPAIGN_KILL"]).touch()
     time.sleep(3600)
 def remux(src, dst):
-    target, part = share * os.path.getsize(src), Path(dst).with_name(Path(dst).stem + ".remux" + Path(dst).suffix)
+    target, parts = share * os.path.getsize(src), f".{Path(dst).name}.*.tmp"  # the copy's temporary name
+    def size(part):
+        try:
+            return part.stat().st_size
+        except OSError:  # gone between the listing and the look
+            return 0
     def watch():
-        while not (part.exists() and part.stat().st_size >= target):
+        while not any(size(part) >= target for part in Path(dst).parent.glob(parts)):
             time.sleep(0.0002)
         ask_to_be_killed()
     threading.Thread(target=watch, daemon=True).start()
