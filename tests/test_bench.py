@@ -86,6 +86,20 @@ def test_bench_cli_reports_an_unknown_backend(tmp_path, face_png):
     assert "nosuch" in done.stderr and done.stderr.strip().startswith("Error:")
 
 
+@pytest.mark.parametrize("extra, said", [
+    (["--durations", "1", "2"], "'2' is not a key=value override; --durations, --sizes and --backends take "
+                                "comma-separated lists (--durations 10,60,600)."),
+    (["--durations", "1", "nosuch.key=3"], "Unknown config key 'nosuch'."),
+])
+def test_bench_cli_refuses_stray_arguments_and_bad_overrides_before_rendering(tmp_path, face_png, extra, said):
+    speech = write_audio(tmp_path / "talk.wav", speech_like(1.0, 16000), 16000)
+    done = subprocess.run([sys.executable, "-m", "avatar_render", "bench", "--sizes", "96x96", "--ref", str(face_png),
+                           "--speech", str(speech), "--out", str(tmp_path / "r"), *extra],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr and said in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()  # before anything ran
+
+
 @pytest.mark.slow
 def test_telemetry_cost_counts_calls_and_prices_them(tmp_path, face_png):
     from avatar_render.metrics.telemetry_cost import measure

@@ -21,6 +21,7 @@ from avatar_render.cli.app import (
 )
 from avatar_render.cli.progress_view import CountProgress
 from avatar_render.errors import AvatarRenderError
+from avatar_render.files.names import shown
 
 
 def doctor(overrides: OverridesArg = None, config: ConfigOpt = None, debug: DebugOpt = False) -> None:
@@ -86,6 +87,11 @@ def bench(
         from avatar_render.bench import check_bench, parse_matrix, run_bench, write_results
 
         cases = parse_matrix(durations, sizes, backends)
+        stray = next((item for item in overrides or () if "=" not in item), None)
+        if stray is not None:  # (``--durations 10 60``: the 60 lands among the overrides)
+            raise AvatarRenderError(f"{shown(stray)} is not a key=value override; --durations, --sizes and --backends "
+                                    "take comma-separated lists (--durations 10,60,600).")
+        read_config(out, config, overrides)  # a bad key or value refused before the first render
         for path in (ref, speech):
             if not os.path.lexists(path):
                 raise AvatarRenderError(

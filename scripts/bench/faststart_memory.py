@@ -53,7 +53,7 @@ def one_second() -> tuple[ChunkEncoder, list[Sample], list[Sample]]:
     spec = WriterSpec(path=None, width=64, height=48, fps=Fraction(25), audio_rate=48000, audio_channels=2)
     encoder = ChunkEncoder(spec)
     rng = np.random.default_rng(0)
-    for k in range(3):  # the third second: its audio fills whole AAC frames
+    for _ in range(3):  # the third second: its audio fills whole AAC frames
         fragment = encoder.encode(rng.integers(0, 256, (25, 48, 64, 3), dtype=np.uint8),
                                   (0.1 * rng.standard_normal((2, 48000))).astype(np.float32), opens_gop=True)
     audio = [Sample(s.data, 1024, s.key) for s in fragment.audio]
