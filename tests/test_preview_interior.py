@@ -178,3 +178,20 @@ def test_rounded_lips_meet_towards_the_corners_around_a_round_hole(closed):
         rounded, plain = gaps(open_, -1.0), gaps(open_, 0.0)
         assert rounded[outer].max() < 0.3 * plain[outer].min()
         assert rounded[middle].min() > 0.75 * plain[middle].max()
+
+
+@pytest.mark.parametrize("teeth_shown", [True, False])
+def test_a_black_and_white_photo_keeps_a_grey_mouth(closed, tmp_path, teeth_shown):
+    """The mouth's lining is red in a colour photo; in a black-and-white one it is grey, like the rest of it
+    (it was drawn red in the example's own teeth's gaps)."""
+    image = rig_for(512, 512).rig.image if teeth_shown else closed.image
+    grey = np.repeat(np.round(image.astype(np.float32) @ LUMA).astype(np.uint8)[..., None], 3, axis=2)
+    path = tmp_path / "grey.png"
+    cv2.imwrite(str(path), grey)
+    rig = rig_for(512, 512, ref=path).rig
+    assert rig.teeth.visible == teeth_shown
+    for p in (row(0.3), row(0.8), row(0.6, 0.5), row(0.6, -0.8)):
+        _, rgb, _ = _opening(rig, p)
+        assert len(rgb) > 100 and (rgb.max(axis=1) - rgb.min(axis=1)).max() <= 3  # (rounding: 1-2 levels)
+    _, rgb, _ = _opening(rig_for(512, 512).rig if teeth_shown else closed, row(0.8))  # (the colour photo's)
+    assert np.median(rgb[:, 0] - rgb[:, 2]) > 10

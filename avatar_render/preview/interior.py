@@ -63,7 +63,7 @@ def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np
     skin_luma = float(skin @ LUMA)
     # Teeth: an off-white brighter than the skin, tinted like the skin (a grey photo gives grey teeth)
     tint = skin / max(skin_luma, 1.0)
-    ivory = np.array([1.0, 0.97, 0.86], np.float32) ** _saturation(skin)
+    ivory = np.array([1.0, 0.97, 0.86], np.float32) ** saturation(skin)
     tint = 0.75 * ivory / float(ivory @ LUMA) + 0.25 * tint
     # (and clearly brighter than the lips: pale lips on a pale face are nearly as light as teeth)
     teeth = tint * min(240.0, max(1.4 * skin_luma + 20.0, float(lips @ LUMA) + 95.0))
@@ -76,7 +76,8 @@ def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np
     lower = _row(s, np.arange(rows_low, dtype=np.float32) - pad, width, LOWER_TEETH, 0.8 * teeth, upper=False)
     rng = np.random.default_rng(0)  # the same grain on every render of this reference
     noise = rng.standard_normal((rect.h, rect.w, 1)).astype(np.float32) * grain
-    noise = noise + 0.35 * grain * rng.standard_normal((rect.h, rect.w, 3)).astype(np.float32)
+    colour = 0.35 * grain * max(saturation(skin), saturation(lips))  # (a black-and-white photo's grain is grey)
+    noise = noise + colour * rng.standard_normal((rect.h, rect.w, 3)).astype(np.float32)
     return MouthInterior(
         upper=upper,
         lower=lower,
@@ -84,7 +85,7 @@ def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np
         pad=pad,
         lower_top=(LOWER_SHOW * width * _arch_fall(s, width)).astype(np.float32),
         cavity=(lips * np.float32(0.38)).astype(np.float32),
-        tongue=(lips * np.float32(0.8) * np.array([1.0, 0.8, 0.8], np.float32) ** _saturation(lips)).astype(np.float32),
+        tongue=(lips * np.float32(0.8) * np.array([1.0, 0.8, 0.8], np.float32) ** saturation(lips)).astype(np.float32),
         blur=float(np.sqrt(max(sigma * sigma - 0.6 * 0.6, 0.0))),  # the textures' own softness taken off
         noise=noise,
         noise_rect=rect,
@@ -92,7 +93,7 @@ def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np
     )
 
 
-def _saturation(rgb: np.ndarray) -> float:
+def saturation(rgb: np.ndarray) -> float:
     """0 for a grey, 1 for a colour as saturated as a ruddy skin or more."""
     return float(np.clip((rgb.max() - rgb.min()) / max(float(rgb.max()), 1.0) / 0.25, 0, 1))
 

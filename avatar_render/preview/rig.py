@@ -14,7 +14,7 @@ import numpy as np
 from avatar_render.face import mesh as fm
 from avatar_render.preview.chin import ChinSlide
 from avatar_render.preview.eyelids import fit_lower_lids
-from avatar_render.preview.interior import MouthInterior, build_interior, lip_colour
+from avatar_render.preview.interior import LUMA, MouthInterior, build_interior, lip_colour, saturation
 from avatar_render.preview.rigid import confine, rigid_floor
 from avatar_render.preview.shapes import EyeShape, MouthShape
 from avatar_render.preview.warp import Rect, backward_map, delaunay
@@ -169,7 +169,7 @@ class FaceRig:
 def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     height, width = image.shape[:2]
     skin = _median_colour(image, mesh.at(_CHEEKS))
-    interior = _interior(skin)
+    interior = _interior(skin, lip_colour(image, mesh, fallback=skin))
     if mesh.mouth_width() < MIN_MOUTH_PX:
         return FaceRig(image=image, mesh=mesh, interior=interior, head=_head_mask(mesh, width, height))
     mesh = fit_lower_lids(image, mesh)
@@ -210,12 +210,18 @@ def still_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     nothing = np.zeros((0, 0), np.float32)
     head = HeadMask(rect=Rect(0, 0, 0, 0), xs=nothing, ys=nothing, weight=nothing, wx=nothing, wy=nothing,
                     pivot=(0.0, 0.0), face_width=1.0)
-    return FaceRig(image=image, mesh=mesh, interior=_interior(_median_colour(image, mesh.at(_CHEEKS))), head=head)
+    skin = _median_colour(image, mesh.at(_CHEEKS))
+    return FaceRig(image=image, mesh=mesh, interior=_interior(skin, skin), head=head)
 
 
-def _interior(skin: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # The inside of the mouth is the dark red of its lining, in shadow, whatever the lips' colour.
-    red = float(skin @ np.array([0.299, 0.587, 0.114], np.float32)) * np.array(_MOUTH_RED, np.float32)
+def _interior(skin: np.ndarray, lips: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # The inside of the mouth is the dark red of its lining, in shadow, whatever the lips' colour; as red as the
+    # photo is coloured: in a black-and-white (or toned) photo, as bright, in the lips' own tint.
+    red = np.array(_MOUTH_RED, np.float32)
+    bright = float(red @ LUMA)
+    own = lips / max(float(lips @ LUMA), 1.0)  # the lips' tint, at a brightness of 1
+    amount = np.float32(max(saturation(skin), saturation(lips)))
+    red = float(skin @ LUMA) * bright * (own + (red / bright - own) * amount)
     return red * np.float32(0.2), red * np.float32(0.38), red * np.float32(0.7)
 
 
