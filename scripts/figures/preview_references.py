@@ -24,11 +24,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TALK = ROOT / "examples" / "talk.wav"
-PHOTOS = ("biden.jpg", "glasses.jpg", "obama3.jpg", "obama.jpg")
+PHOTOS = ("biden.jpg", "glasses.jpg", "obama3.jpg", "obama.jpg", "bw_glasses.jpg", "older.jpg")
 FIGURES = (
     "r_aperture_vs_level",
     "aperture_silence_over_speech",
     "mbp_closed_by_aperture",
+    "mbp_closed_against_floor",
     "widest_third_teeth_frames",
     "widest_third_inner_luma_spread_median",
     "blinks_per_minute",
@@ -50,7 +51,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     faces, rec = args.out / "faces", args.out / "rec"
-    if not all((faces / p).is_file() for p in PHOTOS[:3]):
+    if not all((faces / p).is_file() for p in PHOTOS):
         faces.mkdir(parents=True, exist_ok=True)
         run(str(ROOT / "scripts" / "fixtures" / "make_examples.py"), "--faces", str(faces))
     if not (rec / "mbp.wav").is_file():
