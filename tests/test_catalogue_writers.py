@@ -241,8 +241,10 @@ def test_bench_leaves_no_audio_behind_when_a_render_fails(d, monkeypatch):
     scratch = d / "scratch"
     scratch.mkdir()
     monkeypatch.setenv("TMPDIR", str(scratch))
-    result = cli("bench", "--durations", "1", "--sizes", "48x48", "--ref", str(d / "face.png"), "--speech",
-                 str(d / "talk.wav"), "--out", str(d / "results"), "preview.no_such_key=1")
+    broken = d / "broken.png"  # (found a file by the checks before the first render; not an image to the render)
+    broken.write_bytes(b"not a picture")
+    result = cli("bench", "--durations", "1", "--sizes", "48x48", "--ref", str(broken), "--speech",
+                 str(d / "talk.wav"), "--out", str(d / "results"))
     refused(result, "benchmark render failed")
     assert list(scratch.iterdir()) == []  # the looped speech and the video went with their temporary folder
     assert list((d / "results" / "reports").iterdir()) == []
