@@ -22,14 +22,12 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import shown
 from avatar_render.files.write import open_own, place, remove, temp_beside
 from avatar_render.io.codecs import write_error
-from avatar_render.io.fmp4 import box, boxes, full_box
+from avatar_render.io.fmp4 import TFHD_FLAGS, TRUN_FLAGS, box, boxes, full_box
 
 OFFSET_LIMIT = 0xFFFFFFFF  # the largest a 32-bit offset or box size holds (a test lowers it)
 _COPY_BLOCK = 1 << 20
 _TABLE_BUFFER = 1 << 16
 _NON_SYNC = 0x00010000  # sample_is_non_sync_sample, in a trun's sample_flags
-_TRUN_FLAGS = 0x000701  # data offset; per sample: duration, size, flags (what Fmp4Muxer writes)
-_BASE_IS_MOOF = 0x020000  # tfhd: default-base-is-moof, and no defaults
 _FTYP = box(b"ftyp", b"isom", struct.pack(">I", 512), b"isomiso2avc1mp41")
 
 
@@ -378,7 +376,7 @@ def _run(traf: bytes, moof_at: int) -> _Run:
     tfhd, tfdt, trun = parts.get(b"tfhd"), parts.get(b"tfdt"), parts.get(b"trun")
     if tfhd is None or tfdt is None or trun is None or len(tfhd) < 8 or len(trun) < 12:
         raise ValueError(f"the fragment at byte {moof_at} lacks its track's timing")
-    if int.from_bytes(tfhd[1:4], "big") != _BASE_IS_MOOF or int.from_bytes(trun[1:4], "big") != _TRUN_FLAGS:
+    if int.from_bytes(tfhd[1:4], "big") != TFHD_FLAGS or int.from_bytes(trun[1:4], "big") != TRUN_FLAGS:
         raise ValueError(f"the fragment at byte {moof_at} is in a form this program does not write")
     decode_time = struct.unpack(">Q", tfdt[4:12])[0] if tfdt[0] == 1 else struct.unpack(">I", tfdt[4:8])[0]
     count, offset = struct.unpack(">Ii", trun[4:12])

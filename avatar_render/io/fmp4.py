@@ -18,6 +18,8 @@ AAC_PRIMING = 1024  # silent samples FFmpeg's native aac encoder puts before the
 _MOVIE_TIMESCALE = 1000
 _VIDEO_ID, _AUDIO_ID = 1, 2
 _SYNC_SAMPLE, _NON_SYNC_SAMPLE = 0x02000000, 0x01010000  # trun sample_flags
+TFHD_FLAGS = 0x020000  # default-base-is-moof, and no defaults
+TRUN_FLAGS = 0x000701  # a data offset; per sample: duration, size, flags
 _MATRIX = struct.pack(">9I", 0x10000, 0, 0, 0, 0x10000, 0, 0, 0, 0x40000000)
 
 
@@ -128,10 +130,9 @@ class Fmp4Muxer:
             trafs.append(
                 box(
                     b"traf",
-                    full_box(b"tfhd", 0, 0x020000, struct.pack(">I", track_id)),  # default-base-is-moof
+                    full_box(b"tfhd", 0, TFHD_FLAGS, struct.pack(">I", track_id)),
                     full_box(b"tfdt", 1, 0, struct.pack(">Q", decode_time)),
-                    # flags: data offset, and per sample: duration, size, flags
-                    full_box(b"trun", 0, 0x000701, struct.pack(">Ii", len(samples), data_offset), entries),
+                    full_box(b"trun", 0, TRUN_FLAGS, struct.pack(">Ii", len(samples), data_offset), entries),
                 )
             )
             data_offset += sum(len(s.data) for s in samples)
