@@ -381,3 +381,38 @@ def test_the_mouth_of_a_real_render_is_read_from_its_lips(tmp_path, face_png):
     assert 0 < np.nanmedian(result.series.mouth) < 0.5  # eye distances
     row = dict((m, d) for m, _, d in summary_rows(result))["mouth vs speech"]
     assert row.startswith("correlation of the mouth (inner-lip opening from face landmarks) with speech level")
+
+
+@pytest.mark.skipif(find_model() is None, reason="needs the face landmark model (scripts/fetch_face_model.py)")
+def test_inspect_measures_the_face_the_render_chose(tmp_path, face_png):
+    """A reference with two faces rendered with ``face.index=2``: the render's report tells ``inspect`` which face,
+    and the reference is fitted around that one, as the render fitted it (it took the larger one before)."""
+    from avatar_render.metrics.inspect import _landmarks_here
+    from avatar_render.metrics.regions import fitted_reference
+
+    face = cv2.imread(str(face_png))
+    two = np.full((512, 1100, 3), 128, np.uint8)
+    two[:, :512] = face
+    two[64:448, 640:1024] = cv2.resize(face, (384, 384), interpolation=cv2.INTER_AREA)
+    ref = tmp_path / "two.png"
+    cv2.imwrite(str(ref), two)
+    speech = write_audio(tmp_path / "talk.wav", speech_like(1.0, 16000), 16000)
+    cfg = load_config(None, ("video.width=128", "video.height=128", "face.index=2"))
+    out, report = tmp_path / "out.mp4", tmp_path / "report.json"
+    render(RenderRequest(reference=ref, audio=speech, output=out, config=cfg, report=report))
+    with av.open(str(out)) as c:
+        first = next(c.decode(video=0)).to_ndarray(format="rgb24").astype(np.float32)
+
+    def off(reference) -> float:  # the render's first frame (the head barely moved) against a fitted reference
+        return float(np.abs(first - reference.image.astype(np.float32)).mean())
+
+    chosen, largest = fitted_reference(ref, 128, 128, face_index=2), fitted_reference(ref, 128, 128)
+    assert chosen.layout.face.x > largest.layout.face.x
+    assert off(chosen) < 6 and off(largest) > 3 * off(chosen)
+    assert _landmarks_here("/no/such/model.tflite") == "auto" and _landmarks_here(None) == "auto"
+    measured = inspect_video(out, report=report, reference=ref, audio=speech).colour.frame.mean  # (ΔE00 to the ref)
+    untold = json.loads(report.read_text())
+    untold["config"]["face"]["index"] = None  # as inspect read every report before
+    (tmp_path / "untold.json").write_text(json.dumps(untold))
+    wrong = inspect_video(out, report=tmp_path / "untold.json", reference=ref, audio=speech).colour.frame.mean
+    assert measured < 1.5 and wrong > 3  # (measured: 0.37 against 5.95, the frame compared with the wrong crop)

@@ -103,6 +103,13 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _landmarks_here(setting: str | None) -> str:
+    """The render's ``face.landmarks`` setting, where this machine has what it names (else ``auto``)."""
+    if setting in (None, "auto", "template"):
+        return setting or "auto"
+    return setting if Path(setting).expanduser().is_file() else "auto"
+
+
 def inspect_video(
     video: str | Path, *, report: str | Path | None = None, reference: str | Path | None = None,
     audio: str | Path | None = None, face_box: list[float] | None = None,
@@ -119,9 +126,10 @@ def inspect_video(
     """
     info = probe_video(video)
     rep = load_report(report) if report is not None else None
+    face = ((rep or {}).get("config") or {}).get("face") or {}
+    chosen = {"face_index": face.get("index"), "landmarks": _landmarks_here(face.get("landmarks"))}  # as rendered
     if face_box is None and rep is not None and reference is not None:
-        config = rep.get("config", {})
-        face_box = (config.get("face") or {}).get("box") or (config.get("preview") or {}).get("face_box")
+        face_box = face.get("box") or (rep.get("config", {}).get("preview") or {}).get("face_box")
     fps = float(info.fps)
     frames = iter_frames(video)
     levels = None
@@ -130,7 +138,7 @@ def inspect_video(
         if first is None:
             raise AvatarRenderError(f"The video '{video}' has no frames.")
         if reference is not None:
-            ref = fitted_reference(reference, info.width, info.height, face_box=face_box)
+            ref = fitted_reference(reference, info.width, info.height, face_box=face_box, **chosen)
         else:
             ref = frame_reference(first, face_box=face_box)
         speech = audio if audio is not None else (info.path if info.has_audio else None)
@@ -142,7 +150,7 @@ def inspect_video(
             video_ref = video_reference(reference, fps=info.fps, timing=timing)
             if video_ref is not None:
                 source = SourceComparison(video_ref, width=info.width, height=info.height,
-                                          backend=config.get("backend", "preview"), face_box=face_box)
+                                          backend=config.get("backend", "preview"), face_box=face_box, **chosen)
         tracker, colour, change = HeadTracker(ref), ColourDrift(ref), FrameChange()
         # (a dub's mouth rests shut, whatever the source's first frame shows: its rest is its own quietest moment)
         mouth = MouthActivity(ref, rest_from_reference=reference is not None and source is None, fps=fps)

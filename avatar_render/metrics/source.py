@@ -58,16 +58,16 @@ class SourceComparison:
     """Per output frame: differences to the fitted source frame at its time (and to the first one)."""
 
     def __init__(self, video: VideoReference, *, width: int, height: int, backend: str,
-                 face_box: list[int] | None) -> None:
+                 face_box: list[int] | None, face_index: int | None = None, landmarks: str = "auto") -> None:
         self.fps = float(video.timeline.fps)
-        path = find_model("auto")
-        landmarks = LandmarkModel(path) if path is not None else None
-        track = scan_faces(video, FaceDetector(), landmarks, face_box)
+        path = find_model(landmarks)
+        model = LandmarkModel(path) if path is not None else None
+        track = scan_faces(video, FaceDetector(index=face_index), model, face_box)
         own = BACKENDS.get(backend)
         if (own is None or not own.rig) and track.boxes is not None:  # the first frame's crop for all
             track = type(track)(boxes=np.repeat(track.boxes[:1], len(track.boxes), axis=0), found=track.found,
                                 sampled=track.sampled)
-        self.src = DubSource(video=video, track=track, rig=None, width=width, height=height, landmarks=landmarks,
+        self.src = DubSource(video=video, track=track, rig=None, width=width, height=height, landmarks=model,
                              reader=video.frames(), cache=FrameCache(_CACHE))
         first, _ = fitted_frame(self.src, 0)
         self.first = cv2.cvtColor(first, cv2.COLOR_RGB2GRAY).astype(np.int16)
