@@ -95,7 +95,7 @@ class ReferenceConfig:
 class PreviewConfig:
     """The CPU preview: the reference's own lips, teeth, jaw and eyelids moved by a mesh warp (docs/preview.md)."""
 
-    fps: float = 25.0
+    fps: float = 25.0  # 29.97 or, as an override, 30000/1001: the same exact rate
     face_box: Optional[list[int]] = None  # deprecated: face.box (still read, with a warning)
     phones: bool = True  # mouth shapes from the phones PocketSphinx hears; false = from loudness only
     mouth_gain: float = 1.0  # jaw opening: 1 drops the lower lip up to 0.32 mouth widths on loud open vowels
@@ -321,12 +321,25 @@ def _parse_override(item: str):
         raise AvatarRenderError(f"Override {shown(item)} has no key before '='; {example}.")
     if "" in key.split("."):
         raise AvatarRenderError(f"Override {shown(item)} has an empty name in its key {shown(key)}; {example}.")
+    item = _rate_as_number(item)
     try:
         layer = OmegaConf.from_dotlist([item])
     except OmegaConfBaseException as e:
         raise AvatarRenderError(f"Override {shown(item)} could not be parsed: {_first_line(e)}.") from None
     _check_groups(layer, f"Override {shown(item)} sets")
     return layer
+
+
+def _rate_as_number(item: str) -> str:
+    """A frame rate given as FFmpeg writes it (``preview.fps=30000/1001``) as the number it is (``fps`` reads it back
+    exact); any other override as it was."""
+    key, _, value = item.partition("=")
+    num, slash, den = value.strip().partition("/")
+    if key.strip().rsplit(".", 1)[-1] != "fps" or not slash or not (num.isdigit() and den.strip().isdigit()):
+        return item
+    if int(den) == 0:
+        raise AvatarRenderError(f"Override {shown(item)} divides by zero; give a rate such as 30000/1001 or 29.97.")
+    return f"{key}={int(num) / int(den)!r}"
 
 
 def _check_groups(layer, where: str) -> None:

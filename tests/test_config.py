@@ -1,3 +1,4 @@
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,12 @@ def test_bad_keys_are_named(override, key):
 
 def test_ntsc_rate_is_exact():
     assert str(load_config(None, ("preview.fps=29.97",)).fps) == "30000/1001"
+    # as FFmpeg writes rates (it was refused: "could not be converted to Float")
+    for rate in ("30000/1001", "24000/1001", "60000/1001", "25/1"):
+        assert load_config(None, (f"preview.fps={rate}",)).fps == Fraction(rate)
+    assert load_config(None, ("model.fps=25/1",)).model.fps == 25.0
+    with pytest.raises(AvatarRenderError, match="divides by zero"):
+        load_config(None, ("preview.fps=30/0",))
 
 
 def test_moved_face_box_key_still_works_with_a_warning():
