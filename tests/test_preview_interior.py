@@ -195,3 +195,21 @@ def test_a_black_and_white_photo_keeps_a_grey_mouth(closed, tmp_path, teeth_show
         assert len(rgb) > 100 and (rgb.max(axis=1) - rgb.min(axis=1)).max() <= 3  # (rounding: 1-2 levels)
     _, rgb, _ = _opening(rig_for(512, 512).rig if teeth_shown else closed, row(0.8))  # (the colour photo's)
     assert np.median(rgb[:, 0] - rgb[:, 2]) > 10
+
+
+@pytest.mark.parametrize("teeth_shown", [True, False])
+def test_a_sepia_photo_keeps_its_tint_in_the_mouth(closed, tmp_path, teeth_shown):
+    """A toned photo (every colour one tint, from dark to light) has coloured skin and lips, but its mouth is in its
+    tint, not the lining's red (it was a maroon in the sepia example's open mouth: R - G 29 against G - B 11.5)."""
+    image = rig_for(512, 512).rig.image if teeth_shown else closed.image
+    g = image.astype(np.float32) @ LUMA
+    sepia = np.clip(np.stack([1.07 * g + 10, 0.95 * g + 5, 0.78 * g], axis=-1), 0, 255).astype(np.uint8)
+    path = tmp_path / "sepia.png"
+    cv2.imwrite(str(path), cv2.cvtColor(sepia, cv2.COLOR_RGB2BGR))
+    rig = rig_for(512, 512, ref=path).rig
+    assert rig.teeth.visible == teeth_shown
+    for p in (row(0.3), row(0.8), row(0.6, 0.5)):
+        _, rgb, _ = _opening(rig, p)
+        r, gr, b = rgb.T
+        # the tint's own: R - G = 0.12 g + 5 and G - B = 0.17 g + 5 (g the grey level); grain and rounding aside
+        assert len(rgb) > 100 and np.median((r - gr) - (gr - b)) < 3 and np.percentile(r - gr, 95) < 45

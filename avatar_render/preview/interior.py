@@ -56,14 +56,16 @@ class MouthInterior:
     width: float  # mouth width, pixels
 
 
-def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np.ndarray) -> MouthInterior:
+def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np.ndarray,
+                   colour: float = 1.0) -> MouthInterior:
+    """colour: how far the photo has colours at all (``colour_spread``)."""
     width = max(mesh.mouth_width(), 1.0)
     lips = lip_colour(image, mesh, fallback=skin)
     sigma, grain = photo_softness(image, mesh)
     skin_luma = float(skin @ LUMA)
     # Teeth: an off-white brighter than the skin, tinted like the skin (a grey photo gives grey teeth)
     tint = skin / max(skin_luma, 1.0)
-    ivory = np.array([1.0, 0.97, 0.86], np.float32) ** saturation(skin)
+    ivory = np.array([1.0, 0.97, 0.86], np.float32) ** min(saturation(skin), colour)
     tint = 0.75 * ivory / float(ivory @ LUMA) + 0.25 * tint
     # (and clearly brighter than the lips: pale lips on a pale face are nearly as light as teeth)
     teeth = tint * min(240.0, max(1.4 * skin_luma + 20.0, float(lips @ LUMA) + 95.0))
@@ -76,8 +78,8 @@ def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np
     lower = _row(s, np.arange(rows_low, dtype=np.float32) - pad, width, LOWER_TEETH, 0.8 * teeth, upper=False)
     rng = np.random.default_rng(0)  # the same grain on every render of this reference
     noise = rng.standard_normal((rect.h, rect.w, 1)).astype(np.float32) * grain
-    colour = 0.35 * grain * max(saturation(skin), saturation(lips))  # (a black-and-white photo's grain is grey)
-    noise = noise + colour * rng.standard_normal((rect.h, rect.w, 3)).astype(np.float32)
+    tinted = 0.35 * grain * min(max(saturation(skin), saturation(lips)), colour)  # (a grey photo's grain is grey)
+    noise = noise + tinted * rng.standard_normal((rect.h, rect.w, 3)).astype(np.float32)
     return MouthInterior(
         upper=upper,
         lower=lower,
@@ -85,12 +87,29 @@ def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np
         pad=pad,
         lower_top=(LOWER_SHOW * width * _arch_fall(s, width)).astype(np.float32),
         cavity=(lips * np.float32(0.38)).astype(np.float32),
-        tongue=(lips * np.float32(0.8) * np.array([1.0, 0.8, 0.8], np.float32) ** saturation(lips)).astype(np.float32),
+        tongue=(lips * np.float32(0.8) * np.array([1.0, 0.8, 0.8], np.float32) ** min(saturation(lips), colour)
+                ).astype(np.float32),
         blur=float(np.sqrt(max(sigma * sigma - 0.6 * 0.6, 0.0))),  # the textures' own softness taken off
         noise=noise,
         noise_rect=rect,
         width=width,
     )
+
+
+def colour_spread(image: np.ndarray) -> float:
+    """How far a photo has colours at all, 0-1: 0 for a black-and-white or a toned one (sepia, cyanotype: at each
+    brightness a single tint), 1 for a colour photo. The median, over 16 bands of brightness, of how far the
+    pixels' chroma (Cr + Cb, 8-bit) lies from their band's own: 0-1 on such photos, 4.5-18 on the colour photos
+    measured (docs/preview.md); 2 and under reads 0, 4 and over 1. image: (H, W, 3) uint8 RGB."""
+    small = cv2.resize(image, (256, max(1, round(256 * image.shape[0] / image.shape[1]))), interpolation=cv2.INTER_AREA)
+    ycc = cv2.cvtColor(small, cv2.COLOR_RGB2YCrCb).reshape(-1, 3).astype(np.float32)
+    band = np.minimum(ycc[:, 0] // 16, 15)
+    spreads = []
+    for b in range(16):
+        chroma = ycc[band == b, 1:]
+        if len(chroma) >= 50:
+            spreads.append(float(np.median(np.abs(chroma - np.median(chroma, axis=0)).sum(axis=1))))
+    return float(np.clip((np.median(spreads) - 2.0) / 2.0, 0, 1)) if spreads else 1.0
 
 
 def saturation(rgb: np.ndarray) -> float:

@@ -14,7 +14,14 @@ import numpy as np
 from avatar_render.face import mesh as fm
 from avatar_render.preview.chin import ChinSlide
 from avatar_render.preview.eyelids import fit_lower_lids
-from avatar_render.preview.interior import LUMA, MouthInterior, build_interior, lip_colour, saturation
+from avatar_render.preview.interior import (
+    LUMA,
+    MouthInterior,
+    build_interior,
+    colour_spread,
+    lip_colour,
+    saturation,
+)
 from avatar_render.preview.rigid import confine, rigid_floor
 from avatar_render.preview.shapes import EyeShape, MouthShape
 from avatar_render.preview.warp import Rect, backward_map, delaunay
@@ -169,7 +176,8 @@ class FaceRig:
 def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     height, width = image.shape[:2]
     skin = _median_colour(image, mesh.at(_CHEEKS))
-    interior = _interior(skin, lip_colour(image, mesh, fallback=skin))
+    colour = colour_spread(image)
+    interior = _interior(skin, lip_colour(image, mesh, fallback=skin), colour)
     if mesh.mouth_width() < MIN_MOUTH_PX:
         return FaceRig(image=image, mesh=mesh, interior=interior, head=_head_mask(mesh, width, height))
     mesh = fit_lower_lids(image, mesh)
@@ -198,7 +206,7 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
         mouth_bank=mouth_bank,
         eye_bank=eye_bank,
         teeth=teeth,
-        synth=None if teeth.visible else build_interior(image, mesh, mouth_bank.rect, skin=skin),
+        synth=None if teeth.visible else build_interior(image, mesh, mouth_bank.rect, skin=skin, colour=colour),
         interior=interior,
         head=head,
     )
@@ -211,16 +219,16 @@ def still_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     head = HeadMask(rect=Rect(0, 0, 0, 0), xs=nothing, ys=nothing, weight=nothing, wx=nothing, wy=nothing,
                     pivot=(0.0, 0.0), face_width=1.0)
     skin = _median_colour(image, mesh.at(_CHEEKS))
-    return FaceRig(image=image, mesh=mesh, interior=_interior(skin, skin), head=head)
+    return FaceRig(image=image, mesh=mesh, interior=_interior(skin, skin, 1.0), head=head)
 
 
-def _interior(skin: np.ndarray, lips: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _interior(skin: np.ndarray, lips: np.ndarray, colour: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     # The inside of the mouth is the dark red of its lining, in shadow, whatever the lips' colour; as red as the
     # photo is coloured: in a black-and-white (or toned) photo, as bright, in the lips' own tint.
     red = np.array(_MOUTH_RED, np.float32)
     bright = float(red @ LUMA)
     own = lips / max(float(lips @ LUMA), 1.0)  # the lips' tint, at a brightness of 1
-    amount = np.float32(max(saturation(skin), saturation(lips)))
+    amount = np.float32(min(max(saturation(skin), saturation(lips)), colour))
     red = float(skin @ LUMA) * bright * (own + (red / bright - own) * amount)
     return red * np.float32(0.2), red * np.float32(0.38), red * np.float32(0.7)
 
