@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.face import finder
 from avatar_render.face.detect import FaceDetector, choose_face
 from avatar_render.face.fit import Fit, fit_to_frame
 from avatar_render.face.layout import Box, FaceLayout, fallback_layout, layout_from_box
@@ -238,6 +239,7 @@ def _boxes(lay: FaceLayout) -> list[tuple[float, float, float, float]]:
 # Dense landmarks: MediaPipe's face mesh model when installed (scripts/fetch_face_model.py), else the template.
 
 from avatar_render.face import mesh as fm  # noqa: E402
+from avatar_render.face.finder import find_model as find_finder  # noqa: E402
 from avatar_render.face.landmarks import LandmarkModel, find_model  # noqa: E402
 
 needs_model = pytest.mark.skipif(find_model() is None,
@@ -322,6 +324,38 @@ def test_boxes_a_closer_look_rejects_are_not_faces(group: np.ndarray) -> None:
     assert choose_face(group, FaceDetector(), None, is_face=lambda box, roll: False) == (None, "")
 
 
+@pytest.mark.skipif(find_finder() is None or find_model() is None,
+                    reason="face models not installed (scripts/fetch_face_model.py)")
+def test_a_speaking_face_the_cascade_misses_is_found_and_chosen(portrait: np.ndarray, monkeypatch) -> None:
+    """The cascade misses a face whose mouth is open dark (a photo taken mid-word: Einstein at a lectern), and
+    rendered the smaller face it did find. The second detector finds it, the landmark model confirms it, and
+    being the largest it is the one chosen; nothing changes where the cascade finds every face."""
+    speaking = portrait.copy()
+    speaking[120:145, 195:255] = 30  # the example's lips and teeth, dark
+    small = cv2.resize(portrait, (portrait.shape[1] // 2, portrait.shape[0] // 2), interpolation=cv2.INTER_AREA)
+    photo = np.full((portrait.shape[0], small.shape[1] + portrait.shape[1], 3), 255, np.uint8)
+    photo[: small.shape[0], : small.shape[1]] = small
+    photo[:, small.shape[1]:] = speaking
+    detector = FaceDetector()
+    assert [b.x < small.shape[1] for b in detector.faces(photo, thorough=True)] == [True]  # the cascade alone
+    model = LandmarkModel(find_model())
+    layout, note = choose_face(photo, detector, None, is_face=model.finds_face(photo))
+    face = layout.face
+    assert abs(face.cx - (small.shape[1] + LIPS.x + LIPS.w / 2)) < 8 and 80 < face.w < 130  # the example's: 92 px
+    assert note.startswith("2 faces were found in the reference; rendering the largest, the 2nd from the left")
+    assert choose_face(portrait, FaceDetector(), None, is_face=model.finds_face(portrait)) == choose_face(
+        portrait, FaceDetector(), None)  # one face the cascade finds: the same box, whether or not it looks again
+    monkeypatch.setattr(finder, "find_model", lambda: None)  # (as where only the landmark model is installed)
+    assert choose_face(photo, FaceDetector(), None, is_face=model.finds_face(photo))[0].face.x < small.shape[1]
+
+
+def test_the_second_detector_tiles_reach_every_edge() -> None:
+    assert finder._starts(1000, 256) == [0, 128, 256, 384, 512, 640, 744]
+    assert finder._starts(200, 256) == [0]
+    assert finder.same_face(Box(0, 0, 100, 100), Box(40, 40, 20, 20))  # one inside the other
+    assert not finder.same_face(Box(0, 0, 100, 100), Box(90, 0, 100, 100))  # neighbours touching
+
+
 def test_render_of_a_group_photo_names_the_face(tmp_path: Path, group: np.ndarray) -> None:
     from PIL import Image
 
@@ -348,11 +382,13 @@ def test_a_render_without_the_model_names_the_setup_command(monkeypatch) -> None
     assert note.endswith("avatar-render setup")
 
 
-@needs_model
-def test_setup_leaves_an_installed_model_in_place(tmp_path: Path) -> None:
+@pytest.mark.skipif(find_finder() is None or find_model() is None,
+                    reason="face models not installed (scripts/fetch_face_model.py)")
+def test_setup_leaves_installed_models_in_place(tmp_path: Path) -> None:
     import shutil
 
     shutil.copyfile(find_model(), tmp_path / "face_landmark.tflite")
+    shutil.copyfile(find_finder(), tmp_path / "face_detection_short_range.tflite")
     done = subprocess.run([sys.executable, "-m", "avatar_render", "setup", "--dest", str(tmp_path)],
                           capture_output=True, text=True)
     assert done.returncode == 0 and "already in place" in done.stdout  # nothing downloaded

@@ -42,18 +42,17 @@ def doctor(overrides: OverridesArg = None, config: ConfigOpt = None, debug: Debu
 
 def setup(
     dest: Annotated[Optional[Path], typer.Option(
-        "--dest", help="Folder for face_landmark.tflite (default: beside the package, or the user's data).")] = None,
+        "--dest", help="Folder for the .tflite models (default: beside the package, or the user's data).")] = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Install the face landmark model the preview places the mouth and eyes with (pip downloads it once)."""
+    """Install the face models the preview finds faces and places the mouth and eyes with (pip downloads them once)."""
     out = Out()
 
     def run() -> None:
-        from avatar_render.face.install import WHEEL, install_model
+        from avatar_render.face.install import WHAT, install_model
 
         target, fresh = install_model(dest)
-        what = f"MediaPipe face mesh model (Apache-2.0) from {WHEEL}" if fresh else "already in place"
-        out.info(f"{target}: {what}")
+        out.info(f"{target.parent}: {WHAT if fresh else 'already in place'}")
 
     guard(out, debug, run)
 

@@ -1,4 +1,5 @@
-"""Face detection with OpenCV's bundled Haar cascades: the largest frontal face, its eyes and lips."""
+"""Face detection with OpenCV's bundled Haar cascades: the largest frontal face, its eyes and lips (and, in a
+reference, the faces a second detector finds that the cascade missed: ``face.finder``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import cv2
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.face import finder
 from avatar_render.face.layout import (
     EYE_GAP,
     EYE_Y,
@@ -48,6 +50,7 @@ class FaceDetector(Module):
         self.index = index  # which face: the index-th from the left (from 1); None: the largest
         self._face: cv2.CascadeClassifier | None = None
         self._eyes: list[cv2.CascadeClassifier] = []
+        self._finder: finder.FaceFinder | None = None
 
     def weight_files(self) -> list[Path]:
         root = Path(cv2.data.haarcascades)
@@ -83,7 +86,8 @@ class FaceDetector(Module):
         """Every frontal face in an (H, W, 3) uint8 RGB image, left to right, in its pixels. Searched in a copy
         of at most _DETECT_SIDE pixels, faces down to 5 % of its shorter side; ``thorough`` (a reference, looked
         at once; not a video's frames): where there is none, again in a larger one, down to the cascade's
-        smallest (a face of 90 px in a 3000-px photo). Only the boxes ``is_face`` keeps count, when given."""
+        smallest (a face of 90 px in a 3000-px photo). Only the boxes ``is_face`` keeps count, when given; with it,
+        a thorough search also adds the faces larger than all of those that ``face.finder`` finds, where installed."""
 
         def search(side: int, **kwargs) -> list[Box]:
             boxes = self._search(image, side, **kwargs)
@@ -95,7 +99,23 @@ class FaceDetector(Module):
         for equalize in (True, False) if thorough else ():
             if not boxes:
                 boxes = search(_SMALL_FACE_SIDE, small_faces=True, equalize=equalize)
+        if thorough and is_face is not None:
+            boxes += self._missed(image, boxes, is_face)
         return tuple(sorted(boxes, key=lambda b: (b.x, b.y)))
+
+    def _missed(self, image: np.ndarray, boxes: list[Box], is_face: IsFace) -> list[Box]:
+        """The faces ``face.finder`` finds (none where its model is not installed) that are larger than all of
+        ``boxes`` and frame none of their faces, where ``is_face`` sees a face."""
+        path = finder.find_model()
+        if path is None:
+            return []
+        if self._finder is None or self._finder.path != path:
+            self._finder = finder.FaceFinder(path)
+        found: list[Box] = []
+        for box in self._finder.faces(image, larger_than=max((b.w for b in boxes), default=0.0)):
+            if not any(finder.same_face(box, b) for b in boxes + found) and is_face(box, 0.0):
+                found.append(box)
+        return found
 
     def _search(self, image: np.ndarray, side: int, *, small_faces: bool, equalize: bool = True) -> list[Box]:
         self.load()

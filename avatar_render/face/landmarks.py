@@ -10,8 +10,6 @@ the detector's boxes instead (``doctor`` says which one is in use).
 from __future__ import annotations
 
 import math
-import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.face.detect import IsFace
 from avatar_render.face.layout import Box
 from avatar_render.face.mesh import LEFT_EYE_UPPER, NUM_POINTS, RIGHT_EYE_UPPER, FaceMesh
+from avatar_render.face.models import DNN_LOCK, installed, model_folders
 from avatar_render.pipeline.module import Module
 
 MODEL_FILE = "face_landmark.tflite"
@@ -30,15 +29,11 @@ GET_MODEL = "avatar-render setup"  # the install step that puts it in place
 _INPUT = 192  # the model's square input, pixels
 _ROI_SCALE = 1.5  # crop side / landmark extent, as MediaPipe's tracking crops
 _MIN_SCORE = 0.5  # face presence probability below which the landmarks are rejected
-# OpenCV's TFLite reader and its nets are not safe to use from two threads at once (a render reads the model in
-# its set-up and in the early face search's thread): failed reads, crashes and endless spins were seen.
-_DNN = threading.Lock()
 
 
 def model_search_paths() -> list[Path]:
-    """Where an installed model is looked for, first match wins: beside this package, then the user's data folder."""
-    data = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return [Path(__file__).with_name("data") / MODEL_FILE, data / "avatar-render" / MODEL_FILE]
+    """Where an installed model is looked for, first match wins (``face.models.model_folders``)."""
+    return [folder / MODEL_FILE for folder in model_folders()]
 
 
 def find_model(setting: str = "auto") -> Path | None:
@@ -47,7 +42,7 @@ def find_model(setting: str = "auto") -> Path | None:
     if setting == "template":
         return None
     if setting == "auto":
-        return next((p for p in model_search_paths() if p.is_file()), None)
+        return installed(MODEL_FILE)
     path = Path(setting).expanduser()
     if not path.is_file():
         raise AvatarRenderError(
@@ -93,7 +88,7 @@ class LandmarkModel(Module):
         if not self.path.is_file():
             raise AvatarRenderError(f"The face landmark model '{self.path}' is missing; get it with {GET_MODEL}.")
         try:
-            with _DNN:
+            with DNN_LOCK:
                 net = cv2.dnn.readNetFromTFLite(str(self.path))
                 net.setInput(np.zeros((1, 3, _INPUT, _INPUT), np.float32))
                 outs = net.forward(net.getUnconnectedOutLayersNames())
@@ -143,7 +138,7 @@ class LandmarkModel(Module):
             flags=cv2.INTER_LINEAR,
             borderMode=cv2.BORDER_CONSTANT,
         )  # (192, 192, 3) uint8
-        with _DNN:
+        with DNN_LOCK:
             self._net.setInput(cv2.dnn.blobFromImage(crop, scalefactor=1 / 255.0))  # RGB in [0, 1], as trained
             points, score = self._net.forward(self._outputs)
         if 1 / (1 + math.exp(-float(score.ravel()[0]))) < _MIN_SCORE:

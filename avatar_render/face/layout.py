@@ -13,7 +13,7 @@ from avatar_render.face.fit import Fit
 # cheek), measured on frontal portraits; sizes of eyes and lips are fractions of the eye distance.
 EYE_Y = 0.36  # eye centres, from the top of the box / box height
 EYE_GAP = 0.40  # distance between the eye centres / box width
-_MOUTH_Y = 0.80  # lips centre, from the top of the box / box height
+MOUTH_Y = 0.80  # lips centre, from the top of the box / box height
 _MOUTH_DOWN = 1.05  # lips centre below the eye midpoint / eye distance
 _EYE_W, _EYE_H = 0.46, 0.24  # eye box / eye distance
 _MOUTH_W, _MOUTH_H = 0.90, 0.30  # lips box (closed mouth) / eye distance
@@ -78,7 +78,7 @@ def layout_from_box(box: Box, *, detected: bool = False) -> FaceLayout:
         face=box,
         left_eye=Box.around(box.cx - d / 2, eye_y, _EYE_W * d, _EYE_H * d),
         right_eye=Box.around(box.cx + d / 2, eye_y, _EYE_W * d, _EYE_H * d),
-        mouth=Box.around(box.cx, box.y + _MOUTH_Y * box.h, _MOUTH_W * d, _MOUTH_H * d),
+        mouth=Box.around(box.cx, box.y + MOUTH_Y * box.h, _MOUTH_W * d, _MOUTH_H * d),
         detected=detected,
     )
 

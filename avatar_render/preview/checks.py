@@ -7,6 +7,7 @@ from typing import Callable
 
 from avatar_render.backends import PREVIEW, Check
 from avatar_render.errors import AvatarRenderError
+from avatar_render.face import finder
 from avatar_render.face.detect import FaceDetector
 from avatar_render.face.landmarks import GET_MODEL, find_model, model_search_paths
 
@@ -35,9 +36,18 @@ def _models(cfg) -> list[Check]:
                           else f"not installed (looked in {', '.join(map(str, model_search_paths()))})")
         landmarks = Check("models", "face landmarks", True, f"template mesh on the detector's boxes ({why}); "
                           f"for exact lips and eyelids: {GET_MODEL}")
+    second = finder.find_model()
+    if path is not None and second is not None:
+        faces = Check("models", "face detection", True,
+                      f"OpenCV's frontal-face cascade, and MediaPipe's BlazeFace for the faces it misses: {second}")
+    else:
+        faces = Check("models", "face detection", True, "OpenCV's frontal-face cascade only ("
+                      + ("face.landmarks=template" if path is None and setting == "template" else
+                         f"BlazeFace, which also finds faces turned or speaking, with the landmark model: {GET_MODEL}")
+                      + ")")
     root = model_dir()
     phones = (Check("models", "phones", True, f"PocketSphinx allphone, English acoustic model: {root}")
               if root is not None
               else Check("models", "phones", True,
                          "PocketSphinx not installed: mouth shapes from loudness only (pip install pocketsphinx)"))
-    return [landmarks, phones]
+    return [landmarks, faces, phones]
