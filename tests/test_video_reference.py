@@ -20,6 +20,7 @@ from PIL import Image
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
 from avatar_render.errors import AvatarRenderError
+from avatar_render.face import finder
 from avatar_render.face import mesh as fm
 from avatar_render.face.detect import FaceDetector
 from avatar_render.face.landmarks import LandmarkModel, find_model
@@ -230,7 +231,7 @@ class _Fooled(FaceDetector):
         return found + [Box(0.62 * w, 0.5 * h, 0.375 * w, 0.5 * h)]
 
 
-def test_a_box_the_landmark_model_rejects_does_not_take_the_face_track(media):
+def test_a_box_the_landmark_model_rejects_does_not_take_the_face_track(media, monkeypatch):
     if find_model("auto") is None:
         pytest.skip("the face landmark model is not installed (scripts/fetch_face_model.py)")
     _, video = open_reference(media / "take.mp4", fps=Fraction(25), timing="loop")
@@ -245,8 +246,23 @@ def test_a_box_the_landmark_model_rejects_does_not_take_the_face_track(media):
         return (t.boxes[:, 0] + t.boxes[:, 2] / 2 > 0.62 * 240).all() and (t.boxes[:, 1] > 0.4 * 180).all()
 
     assert corner(scan_faces(video, _Fooled(), None, None))
+    monkeypatch.setattr(finder, "find_model", lambda: None)  # (the second detector would find the face)
     blurred = scan_faces(video, _Fooled(faces=False), model, None)
     assert blurred.found == blurred.sampled and corner(blurred)
+
+
+def test_the_second_detector_finds_the_face_the_cascade_misses_in_a_take(media):
+    """Where the cascade sees no face in a frame (a speaking face it misses), the second detector's, confirmed by
+    the landmark model, starts the track: the same track as the cascade's own (without it, the box in the corner
+    the model rejects makes the track: above)."""
+    if find_model("auto") is None or finder.find_model() is None:
+        pytest.skip("the face models are not installed (scripts/fetch_face_model.py)")
+    _, video = open_reference(media / "take.mp4", fps=Fraction(25), timing="loop")
+    model = LandmarkModel(find_model("auto"))
+    plain = scan_faces(video, FaceDetector(), model, None)
+    blind = scan_faces(video, _Fooled(faces=False), model, None)  # (the real face missed, a box in the corner)
+    assert blind.found == plain.found == plain.sampled
+    assert np.abs(blind.boxes - plain.boxes).max() < 2.0
 
 
 def test_a_video_with_few_faces_is_refused(tmp_path):

@@ -100,10 +100,10 @@ class FaceDetector(Module):
             if not boxes:
                 boxes = search(_SMALL_FACE_SIDE, small_faces=True, equalize=equalize)
         if thorough and is_face is not None:
-            boxes += self._missed(image, boxes, is_face)
+            boxes += self.missed(image, boxes, is_face)
         return tuple(sorted(boxes, key=lambda b: (b.x, b.y)))
 
-    def _missed(self, image: np.ndarray, boxes: list[Box], is_face: IsFace) -> list[Box]:
+    def missed(self, image: np.ndarray, boxes: list[Box], is_face: IsFace) -> list[Box]:
         """The faces ``face.finder`` finds (none where its model is not installed) that are larger than all of
         ``boxes`` and frame none of their faces, where ``is_face`` sees a face."""
         path = finder.find_model()

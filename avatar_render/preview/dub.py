@@ -128,7 +128,7 @@ def scan_faces(video: VideoReference, detector: FaceDetector, landmarks: Landmar
                 small = (frame if scale == 1.0
                          else cv2.resize(frame, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA))
                 faces = detector.faces(small)
-                kept = faces if landmarks is None else _confirmed(faces, landmarks, frame, scale)
+                kept = faces if landmarks is None else _confirmed(faces, detector, landmarks, frame, small, scale)
                 chosen = detector.choose(kept)
                 if chosen is None:
                     loose = None if kept else detector.choose(faces)  # (the model saw no face at all)
@@ -169,11 +169,18 @@ def scan_faces(video: VideoReference, detector: FaceDetector, landmarks: Landmar
     return FaceTrack(boxes=out, found=hits, sampled=len(samples))
 
 
-def _confirmed(faces: tuple[Box, ...], landmarks: LandmarkModel, frame: np.ndarray, scale: float) -> tuple[Box, ...]:
-    """The boxes (found in a copy of ``frame`` scaled by ``scale``) in which the landmark model sees a face
-    (``LandmarkModel.finds_face``, on the full frame)."""
+def _confirmed(faces: tuple[Box, ...], detector: FaceDetector, landmarks: LandmarkModel, frame: np.ndarray,
+               small: np.ndarray, scale: float) -> tuple[Box, ...]:
+    """The boxes (found in ``small``, a copy of ``frame`` scaled by ``scale``) in which the landmark model sees a
+    face (``LandmarkModel.finds_face``, on the full frame), and the larger faces the cascade missed that the second
+    detector finds in ``small`` and the model confirms (``FaceDetector.missed``), left to right."""
     finds = landmarks.finds_face(frame)
-    return tuple(b for b in faces if finds(_unscaled(b, scale), 0.0))
+
+    def is_face(box: Box, roll: float) -> bool:
+        return finds(_unscaled(box, scale), roll)
+
+    kept = [b for b in faces if is_face(b, 0.0)]
+    return tuple(sorted(kept + detector.missed(small, kept, is_face), key=lambda b: (b.x, b.y)))
 
 
 def _unscaled(b: Box, scale: float) -> Box:
