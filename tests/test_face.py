@@ -345,6 +345,13 @@ def test_a_speaking_face_the_cascade_misses_is_found_and_chosen(portrait: np.nda
     assert note.startswith("2 faces were found in the reference; rendering the largest, the 2nd from the left")
     assert choose_face(portrait, FaceDetector(), None, is_face=model.finds_face(portrait)) == choose_face(
         portrait, FaceDetector(), None)  # one face the cascade finds: the same box, whether or not it looks again
+    import tracemalloc
+
+    strip = np.full((40, 20000, 3), 128, np.uint8)  # a panorama: its tiles are not padded to its length squared
+    tracemalloc.start()
+    assert finder.FaceFinder(finder.find_model()).faces(strip) == []
+    assert tracemalloc.get_traced_memory()[1] < 50e6  # (a 20000-px square tile: 1.2 GB)
+    tracemalloc.stop()
     monkeypatch.setattr(finder, "find_model", lambda: None)  # (as where only the landmark model is installed)
     assert choose_face(photo, FaceDetector(), None, is_face=model.finds_face(photo))[0].face.x < small.shape[1]
 

@@ -89,10 +89,10 @@ class FaceFinder(Module):
         while side >= smallest or side == longest:
             for y0 in _starts(height, side):
                 for x0 in _starts(width, side):
-                    tile = np.zeros((side, side, 3), np.uint8)
                     part = image[y0 : y0 + side, x0 : x0 + side]
-                    tile[: part.shape[0], : part.shape[1]] = part
-                    small = cv2.resize(tile, (_INPUT, _INPUT), interpolation=cv2.INTER_AREA)
+                    h, w = (max(1, round(n * _INPUT / side)) for n in part.shape[:2])
+                    small = np.zeros((_INPUT, _INPUT, 3), np.uint8)  # (the tile padded with black, at 128 px)
+                    small[:h, :w] = cv2.resize(part, (w, h), interpolation=cv2.INTER_AREA)
                     for score, points in zip(*self._look(small)):
                         box = _framed(points * side + (x0, y0))
                         if box.w > larger_than:
