@@ -61,12 +61,27 @@ def rigid_floor(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect) -> np.ndarray:
                 continue
             if gray[ys[inside], cols[inside]].mean() > DARK * skin:  # (a light brow is hair over skin that moves)
                 continue
+            if _on_the_lid(above[ys, cols], xs[cols], lid, width):
+                continue
             rigid[ys, cols] = 1
         # (grown by two pixels: its soft edges and its ends, where it fades under the threshold, are of it too)
         rigid = cv2.dilate(rigid, np.ones((5, 5), np.uint8)) & (above >= LID_BAND * width)
         ys, cols = np.nonzero(rigid)
         np.maximum.at(floor, cols, ys.astype(np.float32) + rect.y0 + 0.5)
     return _smooth(floor)
+
+
+def _on_the_lid(above: np.ndarray, x: np.ndarray, lid: np.ndarray, width: float) -> bool:
+    """Whether a dark structure (its pixels' heights over the lid and x) is the lid's own lashes and liner: across
+    the middle half of the eye it comes down into the lashes' band (``BAND[0]``) in most columns, where a rim or a
+    brow leaves skin between itself and the lid (a heavily lined or foreshortened eye's lashes reach past the
+    lid's own edge: Lenna's far eye, whose blink they held open)."""
+    middle = np.abs(x - float(lid[:, 0].mean())) < 0.25 * width
+    if not middle.any():
+        return False
+    columns = np.unique(x[middle])
+    lowest = np.array([above[middle & (x == c)].min() for c in columns])
+    return float(np.median(lowest)) < BAND[0] * width
 
 
 def _smooth(floor: np.ndarray, half: int = 2) -> np.ndarray:
