@@ -3,7 +3,7 @@
 landmark model by ``avatar-render setup``.
 
 OpenCV's frontal-face cascade misses faces turned a little, lit from one side or speaking: in a photo of Einstein at
-a lectern (1024 px tall, his face 93 px wide) it found only the man seated behind him, who was then animated.
+a lectern (1024 px tall, his face about 100 px wide) it found only the man seated behind him, who was then animated.
 ``face.detect.FaceDetector.faces`` adds the faces this finds that are larger than any the cascade found, where the
 landmark model confirms them.
 

@@ -52,7 +52,7 @@ def install_model(dest: Path | None = None) -> tuple[Path, bool]:
     """Put the models into ``dest`` (default: ``default_folder()``) -> (the landmark model's path, whether they were
     downloaded now)."""
     if dest is not None:
-        check_folder(Path(dest), what="folder for the face landmark model (--dest)", create=True)
+        check_folder(Path(dest), what="folder for the face models (--dest)", create=True)
     dest = Path(dest) if dest is not None else default_folder()
     target = dest / MODEL_FILE
     if all(_intact(dest / name, digest) for _, name, digest in MODELS):
