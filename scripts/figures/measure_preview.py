@@ -3,7 +3,7 @@ parameters): lip gap against speech level, m/b/p closures and ee/oo widths (with
 alignment), silence, blinks, how much the rest of the face stays the reference, teeth.
 
     python scripts/figures/measure_preview.py VIDEO --ref REF --audio AUDIO [--text TEXT.txt] [--json OUT.json]
-        [--face-index N]
+        [--face-index N] [--face-landmarks SETTING]
 
 Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all printed with the figures):
 * lip gap: distance between the inner lip contours (middle five points), in the reference's eye distances;
@@ -157,14 +157,15 @@ def blink_count(opening: np.ndarray) -> int:
     return int(np.sum(closed[1:] & ~closed[:-1]) + closed[0])
 
 
-def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None, face_index: int | None = None) -> dict:
+def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None, face_index: int | None = None,
+            face_landmarks: str = "auto") -> dict:
     """Every figure of the module's docstring for one render (a dict, in print order)."""
     path = find_model()
     if path is None:
         sys.exit("The face landmark model is not installed: python scripts/fetch_face_model.py")
     info = probe_video(video)
     fps = float(info.fps)
-    ref = fitted_reference(ref_path, info.width, info.height, face_index=face_index)
+    ref = fitted_reference(ref_path, info.width, info.height, face_index=face_index, landmarks=face_landmarks)
     model = LandmarkModel(path)
     ref_mesh = model.from_box(ref.image, ref.layout.face, ref.layout.roll)
     if ref_mesh is None:
@@ -383,9 +384,11 @@ def main() -> None:
     ap.add_argument("--text", type=Path, default=None, help="the words spoken (for closures and ee/oo)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--face-index", type=int, default=None, help="the render's face.index (a photo of several faces)")
+    ap.add_argument("--face-landmarks", default="auto",
+                    help="the render's face.landmarks (with template, the face was chosen by the cascade alone)")
     args = ap.parse_args()
     out = measure(args.video, args.ref, args.audio, args.text.read_text() if args.text is not None else None,
-                  args.face_index)
+                  args.face_index, args.face_landmarks)
     for k, v in out.items():
         print(f"{k}: {v}")
     if args.json is not None:

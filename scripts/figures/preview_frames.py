@@ -2,7 +2,7 @@
 and the head turned furthest, chosen by face landmarks found in the frames, beside the reference.
 
     python scripts/figures/preview_frames.py VIDEO --ref REF -o sheet.png [--crop face|frame] [--tile 256]
-        [--face-index N]
+        [--face-index N] [--face-landmarks SETTING]
 
 Needs the face landmark model (scripts/fetch_face_model.py).
 """
@@ -33,12 +33,15 @@ def main() -> None:
     ap.add_argument("--crop", choices=("face", "frame"), default="face")
     ap.add_argument("--tile", type=int, default=TILE, help="side of each picture in pixels")
     ap.add_argument("--face-index", type=int, default=None, help="the render's face.index (a photo of several faces)")
+    ap.add_argument("--face-landmarks", default="auto",
+                    help="the render's face.landmarks (with template, the face was chosen by the cascade alone)")
     args = ap.parse_args()
     path = find_model()
     if path is None:
         sys.exit("The face landmark model is not installed: python scripts/fetch_face_model.py")
     info = probe_video(args.video)
-    ref = fitted_reference(args.ref, info.width, info.height, face_index=args.face_index)
+    ref = fitted_reference(args.ref, info.width, info.height, face_index=args.face_index,
+                           landmarks=args.face_landmarks)
     model = LandmarkModel(path)
     ref_mesh = model.from_box(ref.image, ref.layout.face, ref.layout.roll)
     if ref_mesh is None:

@@ -61,6 +61,9 @@ def main() -> None:
     if (rec / "mbp.wav").is_file():
         voices.append(("mbp", rec / "mbp.wav", rec / "mbp.txt"))
     sheets = args.sheets or args.out
+    # (the face is measured where the render chose it: with the template, by the cascade alone)
+    chosen = ["--face-landmarks", next((o.split("=", 1)[1] for o in args.overrides if o.startswith("face.landmarks=")),
+                                       "auto")]
     results = {}
     for photo in args.only or PHOTOS:
         ref = faces / photo
@@ -76,7 +79,7 @@ def main() -> None:
             cmd = [str(ROOT / "scripts" / "figures" / "measure_preview.py"), str(video), "--ref", str(ref),
                    "--audio", str(audio), "--json", str(figures)]
             try:
-                run(*cmd, *(["--text", str(text)] if text is not None else []))
+                run(*cmd, *chosen, *(["--text", str(text)] if text is not None else []))
             except subprocess.CalledProcessError:
                 print(f"{video.name}: not measured (the landmark model lost the face in a frame)")
                 results[f"{ref.stem}/{voice}"] = None
@@ -88,7 +91,7 @@ def main() -> None:
             if voice == "talk":
                 sheets.mkdir(parents=True, exist_ok=True)
                 run(str(ROOT / "scripts" / "figures" / "preview_frames.py"), str(video), "--ref", str(ref),
-                    "--tile", "160", "-o", str(sheets / f"preview_ref_{ref.stem.lower()}.png"))
+                    "--tile", "160", "-o", str(sheets / f"preview_ref_{ref.stem.lower()}.png"), *chosen)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
 
