@@ -61,7 +61,7 @@ def rigid_floor(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect) -> np.ndarray:
                 continue
             if gray[ys[inside], cols[inside]].mean() > DARK * skin:  # (a light brow is hair over skin that moves)
                 continue
-            if _on_the_lid(above[ys, cols], xs[cols], lid, width):
+            if _on_the_lid(ys, cols, dark, above, xs, lid, width):
                 continue
             rigid[ys, cols] = 1
         # (grown by two pixels: its soft edges and its ends, where it fades under the threshold, are of it too)
@@ -71,17 +71,29 @@ def rigid_floor(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect) -> np.ndarray:
     return _smooth(floor)
 
 
-def _on_the_lid(above: np.ndarray, x: np.ndarray, lid: np.ndarray, width: float) -> bool:
-    """Whether a dark structure (its pixels' heights over the lid and x) is the lid's own lashes and liner: across
-    the middle half of the eye it comes down into the lashes' band (``BAND[0]``) in most columns, where a rim or a
-    brow leaves skin between itself and the lid (a heavily lined or foreshortened eye's lashes reach past the
-    lid's own edge: Lenna's far eye, whose blink they held open)."""
-    middle = np.abs(x - float(lid[:, 0].mean())) < 0.25 * width
-    if not middle.any():
-        return False
-    columns = np.unique(x[middle])
-    lowest = np.array([above[middle & (x == c)].min() for c in columns])
-    return float(np.median(lowest)) < BAND[0] * width
+def _on_the_lid(ys: np.ndarray, cols: np.ndarray, dark: np.ndarray, above: np.ndarray, xs: np.ndarray,
+                lid: np.ndarray, width: float) -> bool:
+    """Whether a dark structure (its pixels' rows and columns in ``dark``, the black-hat mask) is the lid's own lashes
+    and liner: across the middle half of the eye, in most columns, all of it lies in one dark run that starts at the
+    lid (a heavily lined or foreshortened eye's lashes reach up past the lid's own edge: Lenna's far eye, whose
+    blink they held open). A rim or a brow, however close, leaves skin between the lashes and itself."""
+    middle = np.abs(xs - float(lid[:, 0].mean())) < 0.25 * width
+    votes = []
+    for c in np.unique(cols[middle[cols]]):
+        ahead = np.nonzero(above[:, c] >= 0)[0]  # rows above the lid, the lowest last
+        if len(ahead) == 0:
+            continue
+        row = ahead[-1] + 1  # from a pixel under the lid's line ...
+        reach = row - int(np.ceil(LID_BAND * width)) - 1  # ... the lashes' dark must start by here
+        while row >= max(reach, 0) and not dark[row, c]:
+            row -= 1
+        if row < max(reach, 0):
+            votes.append(False)
+            continue
+        while row > 0 and dark[row - 1, c]:
+            row -= 1  # (the run's top)
+        votes.append(bool(ys[cols == c].min() >= row))
+    return bool(votes) and float(np.mean(votes)) > 0.5
 
 
 def _smooth(floor: np.ndarray, half: int = 2) -> np.ndarray:
