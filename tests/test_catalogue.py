@@ -88,6 +88,8 @@ def _images(d: Path, face_png: Path) -> None:
     (d / "zero.png").write_bytes(b"")
     (d / "notes.png").write_text("not an image\n" * 10)
     (d / "noise.jpg").write_bytes(np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    # (a phone's HEIC photo as far as its header goes; nothing here decodes HEVC stills)
+    (d / "photo.heic").write_bytes(b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(4000))
     _png_header_only(d / "huge_header.png", 100_000, 100_000)
     (d / "face.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg" width="128" height="128">'
                                 '<circle cx="64" cy="64" r="40" fill="#c96"/></svg>\n')
@@ -295,6 +297,8 @@ CASES = {
     "ref: text named .png": Case("'{d}/notes.png' is not an image or video file that can be read", ref="notes.png"),
     "ref: random bytes named .jpg": Case(
         "'{d}/noise.jpg' is not an image or video file that can be read", ref="noise.jpg"),
+    "ref: a HEIC photo": Case("'{d}/photo.heic' is a HEIC photo, which cannot be read here; save it as JPEG or PNG",
+                              ref="photo.heic"),
     "ref: truncated PNG": Case("'{d}/cut.png' is corrupt or truncated", ref="cut.png"),
     "ref: truncated JPEG": Case("'{d}/cut.jpg' is corrupt or truncated", ref="cut.jpg"),
     "ref: header claims 100000x100000": Case("'{d}/huge_header.png' is too large", ref="huge_header.png"),

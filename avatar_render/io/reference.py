@@ -25,6 +25,20 @@ _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeEr
 _PIL_LIMIT_LOCK = threading.Lock()
 _CORRUPT = "The reference image {} is corrupt or truncated; re-export it."
 _NOT_MEDIA = "The reference {} is not an image or video file that can be read."
+_HEIC_BRANDS = (b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx")  # an ISO file's major brand, of HEIF/HEVC stills
+
+
+def _not_media(path: Path) -> str:
+    """What to say of a reference nothing here can read: a phone's HEIC photo is named as such, with what to do."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        head = b""
+    if head[4:8] == b"ftyp" and head[8:12] in _HEIC_BRANDS:
+        return (f"The reference {shown(path)} is a HEIC photo, which cannot be read here; save it as JPEG or PNG "
+                "(most photo apps export it so) and render again.")
+    return _NOT_MEDIA.format(shown(path))
 
 
 def load_reference(path: str | Path, *, max_pixels: int = 150_000_000) -> np.ndarray:
@@ -189,7 +203,7 @@ def _load_video_frame(path: Path, max_pixels: int, *, from_image_fallback: bool 
         container = av.open(str(path))
     except (av.FFmpegError, OSError, ValueError):
         if from_image_fallback:
-            raise AvatarRenderError(_NOT_MEDIA.format(shown(path))) from None
+            raise AvatarRenderError(_not_media(path)) from None
         raise AvatarRenderError(
             f"The reference video {shown(path)} cannot be opened; it is corrupt or not a video."
         ) from None
@@ -214,5 +228,5 @@ def _load_video_frame(path: Path, max_pixels: int, *, from_image_fallback: bool 
         except (av.FFmpegError, OSError, ValueError):
             pass
     if from_image_fallback:
-        raise AvatarRenderError(_NOT_MEDIA.format(shown(path)))
+        raise AvatarRenderError(_not_media(path))
     raise AvatarRenderError(f"The reference video {shown(path)} has no frame that can be decoded.")
