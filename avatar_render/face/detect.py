@@ -103,16 +103,18 @@ class FaceDetector(Module):
             boxes += self.missed(image, boxes, is_face)
         return tuple(sorted(boxes, key=lambda b: (b.x, b.y)))
 
-    def missed(self, image: np.ndarray, boxes: list[Box], is_face: IsFace) -> list[Box]:
-        """The faces ``face.finder`` finds (none where its model is not installed) that are larger than all of
-        ``boxes`` and frame none of their faces, where ``is_face`` sees a face."""
+    def missed(self, image: np.ndarray, boxes: list[Box], is_face: IsFace, *,
+               tiles_down: float = finder.TILES_DOWN) -> list[Box]:
+        """The faces ``face.finder`` finds (none where its model is not installed; in tiles down to 1/``tiles_down``
+        of the picture) that are larger than all of ``boxes`` and frame none of their faces, where ``is_face`` sees
+        a face."""
         path = finder.find_model()
         if path is None:
             return []
         if self._finder is None or self._finder.path != path:
             self._finder = finder.FaceFinder(path)
         found: list[Box] = []
-        for box in self._finder.faces(image, larger_than=max((b.w for b in boxes), default=0.0)):
+        for box in self._finder.faces(image, larger_than=max((b.w for b in boxes), default=0.0), tiles_down=tiles_down):
             if not any(finder.same_face(box, b) for b in boxes + found) and is_face(box, 0.0):
                 found.append(box)
         return found

@@ -31,7 +31,7 @@ _MIN_SCORE = 0.75  # face probability below which a detection is dropped (a real
 _SAME = 0.3  # intersection over union above which two detections are one face
 _SMALLEST_TILE = 64  # pixels
 _TILE_PER_FACE = 2.0  # a face of side F is looked for in tiles of side 2F and more ...
-_TILES_DOWN = 8  # ... and of at least 1/8 of the picture's longer side
+TILES_DOWN = 8  # ... and of at least 1/8 of the picture's longer side (a reference's; a video's frames ask less)
 
 
 def _anchors() -> np.ndarray:
@@ -76,14 +76,14 @@ class FaceFinder(Module):
             raise AvatarRenderError(f"The face detection model '{self.path}' is not MediaPipe's short-range BlazeFace.")
         self._net = net
 
-    def faces(self, image: np.ndarray, *, larger_than: float = 0.0) -> list[Box]:
+    def faces(self, image: np.ndarray, *, larger_than: float = 0.0, tiles_down: float = TILES_DOWN) -> list[Box]:
         """The faces wider than ``larger_than`` pixels in an (H, W, 3) uint8 RGB image, each as a box framed the way
         the cascade frames a face (``face.layout``: placed and sized from the eyes and the mouth the model finds),
-        the likeliest first."""
+        the likeliest first; in tiles down to 1/``tiles_down`` of its longer side."""
         self.load()
         height, width = image.shape[:2]
         longest = max(height, width)
-        smallest = max(_SMALLEST_TILE, longest / _TILES_DOWN, _TILE_PER_FACE * larger_than)
+        smallest = max(_SMALLEST_TILE, longest / tiles_down, _TILE_PER_FACE * larger_than)
         found: list[tuple[float, Box]] = []
         side = longest
         while side >= smallest or side == longest:

@@ -34,6 +34,10 @@ from avatar_render.preview.shapes import JAW_DROP, LIP_RAISE, MouthShape
 from avatar_render.preview.warp import Rect, backward_map, delaunay, polygon_mask
 
 DETECT_PER_S = 10.0  # face positions measured per second of source video (interpolated between)
+# The second detector looks at a sampled frame in tiles of half its side and more (faces of a tenth of the frame and
+# larger: a take's): 7 looks at a 480x270 frame, not a reference's 35 (12 ms against 54 ms for each sampled frame, ten
+# a second, where the take shows no face)
+_MISSED_TILES_DOWN = 2
 SMOOTH_S = 0.3  # the crop follows the face through a Gaussian of this sigma, seconds
 MIN_FACE_SHARE = 0.5  # fewer sampled frames with a face than this: refused
 _DETECT_SIDE = 480  # frames are searched for the face at most this large
@@ -180,7 +184,8 @@ def _confirmed(faces: tuple[Box, ...], detector: FaceDetector, landmarks: Landma
         return finds(_unscaled(box, scale), roll)
 
     kept = [b for b in faces if is_face(b, 0.0)]
-    return tuple(sorted(kept + detector.missed(small, kept, is_face), key=lambda b: (b.x, b.y)))
+    missed = detector.missed(small, kept, is_face, tiles_down=_MISSED_TILES_DOWN)
+    return tuple(sorted(kept + missed, key=lambda b: (b.x, b.y)))
 
 
 def _unscaled(b: Box, scale: float) -> Box:
