@@ -10,7 +10,7 @@ import pytest
 from avatar_render.face import mesh as fm
 from avatar_render.preview.render import render_frame
 from avatar_render.preview.rig import OPEN_LEVELS, contour_t, face_coords
-from avatar_render.preview.shapes import PART, PART_KNEE
+from avatar_render.preview.shapes import PART, PART_KNEE, ROUND_REST_HOLE, MouthShape
 from tests.test_preview import rig_for, row
 
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
@@ -178,6 +178,31 @@ def test_rounded_lips_meet_towards_the_corners_around_a_round_hole(closed):
         rounded, plain = gaps(open_, -1.0), gaps(open_, 0.0)
         assert rounded[outer].max() < 0.3 * plain[outer].min()
         assert rounded[middle].min() > 0.75 * plain[middle].max()
+
+
+def test_rounded_lips_close_a_dark_rest_opening_to_a_small_hole(closed):
+    """A photo whose lips are apart with no teeth in view (their generated teeth the rounded lips cover): its "oo"
+    is a small hole, not the photo's whole opening in the dark; a photo showing its own teeth keeps them in view."""
+    mesh, width = closed.mesh, closed.mouth.width_px
+    ex, ey = mesh.axes()
+    centre = mesh.points[[61, 291]].mean(axis=0)
+    points = mesh.points.copy()
+    for idx in (fm.LIPS_INNER_LOWER[1:-1], fm.LIPS_OUTER_LOWER[1:-1]):  # the lower lip dropped 0.2 mouth widths
+        u = ((points[list(idx)] - centre) @ ex) / width
+        points[list(idx)] += (0.2 * width * np.clip(1 - (2 * u) ** 2, 0, 1))[:, None] * ey
+    apart = fm.FaceMesh(points=points, source=mesh.source)
+
+    def middle_gap(shape: MouthShape, open_: float, rounded: float) -> float:
+        moved = shape.moved(open_, -rounded)
+        return float((moved[14] - moved[13]) @ shape.down) / width  # inner lips' middle points
+
+    dark, own = MouthShape.build(apart, points, closed=True), MouthShape.build(apart, points, closed=False)
+    rest = middle_gap(own, 0.0, 0.0)
+    assert rest > 0.18
+    assert middle_gap(dark, 0.0, 1.0) < ROUND_REST_HOLE + 0.03 < 0.5 * rest
+    assert middle_gap(dark, 0.0, 0.5) < 0.75 * rest
+    assert middle_gap(dark, 0.6, 1.0) > middle_gap(dark, 0.0, 1.0) + 0.05  # the jaw still opens it
+    assert middle_gap(own, 0.0, 1.0) > 0.95 * rest
 
 
 @pytest.mark.parametrize("teeth_shown", [True, False])

@@ -25,6 +25,7 @@ ROUND_PART = 0.7
 # ... and meet towards the corners, from the first to the second distance from the middle (mouth widths): an "oo" is
 # a round hole, not a slit as wide as the mouth
 ROUND_HOLE = (0.2, 0.42)
+ROUND_REST_HOLE = 0.08  # the most a rounded mouth that shows no teeth of its own leaves of its rest gap (mouth widths)
 LIP_RAISE = 0.10  # upper lip travel up, as a fraction of the jaw's
 SEAL_UPPER = 0.25  # share of the lip gap the upper lip closes when the lips press together
 SPREAD = 0.12  # mouth widening at width = 1, as a fraction of the width
@@ -68,7 +69,8 @@ class MouthShape:
 
     @staticmethod
     def build(mesh: fm.FaceMesh, vertices: np.ndarray, *, closed: bool = False) -> "MouthShape":
-        """closed: the reference shows no teeth, its lips part by ``PART`` more as soon as they open."""
+        """closed: the reference shows no teeth, its lips part by ``PART`` more as soon as they open, and rounded
+        they close in to ``ROUND_REST_HOLE`` in the middle."""
         p = mesh.points
         n = len(vertices)
         ex, ey = mesh.axes()
@@ -121,11 +123,15 @@ class MouthShape:
             rnd[list(idx)] += (sign * bulge[list(idx)])[:, None] * ey
         # Towards the corners they meet: across the gap they leave at rest, and the lower lip holds there against
         # the jaw's drop (in proportion to the opening: bilinear in opening and width, so the bank's blend is exact).
+        # A mouth open at rest with no teeth in view (its generated teeth are covered by rounded lips) also closes
+        # in the middle, to ROUND_REST_HOLE: its "oo" was the whole dark opening of the photo.
         meet = _smoothstep(np.abs(u), *ROUND_HOLE)
+        hole = ROUND_REST_HOLE * width if closed else np.inf
         for iu, il, _, _ in _LIP_PAIRS:
-            gap = max(float((p[il] - p[iu] + rnd[il] - rnd[iu]) @ ey), 0.0) * meet[iu]
-            rnd[iu] += SEAL_UPPER * gap * ey
-            rnd[il] -= (1 - SEAL_UPPER) * gap * ey
+            gap = max(float((p[il] - p[iu] + rnd[il] - rnd[iu]) @ ey), 0.0)
+            shut = gap - (1 - meet[iu]) * min(gap, hole)
+            rnd[iu] += SEAL_UPPER * shut * ey
+            rnd[il] -= (1 - SEAL_UPPER) * shut * ey
         held = np.zeros(len(p))
         held[lower_lip] = meet[lower_lip] * jaw_w[lower_lip] * d
 
