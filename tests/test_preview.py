@@ -202,6 +202,24 @@ def test_an_aligned_stop_is_shut_over_all_of_its_silent_closure():
     assert loud[0].label == "HH" and loud[0].end == pytest.approx(0.3, abs=0.011)
 
 
+def test_a_tongue_stop_heard_where_the_lips_made_it_is_a_lip_closure():
+    """The recogniser names many a b or p a k, t or g ("brother" heard as G R). The lips made it where its release
+    burst is low-pitched and the vowel after it starts with its second formant low; a t's or k's keeps its name."""
+    closure = np.zeros(int(0.06 * RATE), np.float32)
+    dull = _tone(0.012, 400, 800, level=0.5)  # a burst with its energy under 1.5 kHz
+    sharp = np.diff(np.random.default_rng(4).standard_normal(int(0.012 * RATE)), prepend=0).astype(np.float32)
+    low_f2, high_f2 = _tone(0.25, 700, 1100), _tone(0.25, 700, 1900)  # second formants of a lip's and a tongue's
+    phones = (Phone("AA", 0.0, 0.2), Phone("K", 0.2, 0.3), Phone("AA", 0.3, 0.55))
+    for burst, vowel, lips in ((dull, low_f2, True), (dull, high_f2, False), (sharp, low_f2, False)):
+        out = stop_closures(phones, np.concatenate([_tone(0.2, 700, 1200), closure, burst, vowel]))
+        if not lips:
+            assert out == phones
+            continue
+        assert [p.label for p in out] == ["AA", "B", "HH", "AA"]
+        assert out[1].start == 0.2 and out[1].end == pytest.approx(0.26, abs=0.006)  # shut up to the release
+        assert all(a.end == b.start for a, b in zip(out, out[1:]))
+
+
 def test_lips_stay_shut_through_the_quiet_after_a_closure():
     # "pumpkin": the m's murmur, then the p's silent closure, which the recogniser put into the k after it.
     audio = np.concatenate([_tone(0.2, 700, 1200), _tone(0.1, 200, level=0.1), np.zeros(int(0.15 * RATE), np.float32),

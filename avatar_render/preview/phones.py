@@ -47,6 +47,12 @@ HELD_QUIET_DB = 20.0  # sound this far under the window's loudest 10 ms right af
 HELD_S = 0.03  # ... for this long keeps the lips shut
 LIP_BURST_LOW = 0.6  # the lips made the closure when at least this share of the burst's energy is under 1.5 kHz
 LIP_BURST_HF = 0.1  # and less than this share above 3 kHz
+# A t, d, k or g the recogniser heard is a b or p when its burst is a lip's and the vowel after it starts with its
+# second formant low (the lips' transition): log10 of its energy in 0.9-1.5 kHz over 1.5-2.5 kHz, 20-50 ms after the
+# release, at least this (docs/preview.md, "Lip stops heard as tongue stops")
+LIP_ONSET = 0.4
+VOWEL_ONSET_S = (0.02, 0.05)
+TONGUE_STOPS = ("T", "D", "K", "G")
 FRAME_S = 0.01  # PocketSphinx's frame shift
 # The recogniser hears a window over a noise floor at least this far under its loudest 10 ms, as in the recordings
 # its model learnt from: a quieter floor (a synthetic voice's stop closures are digital silence) is raised to it
@@ -201,6 +207,8 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
             out += _loud_stretches(p, audio, level)
         elif p.label in LIPS:
             out += _at_release(p)
+        elif p.label in TONGUE_STOPS and (release := _lip_release(audio, p)) is not None:
+            out += _at_release(Phone("B", p.start, release)) + [Phone("HH", release, p.end)] * (p.end > release)
         else:
             out.append(p)
     named: list[Phone] = []
@@ -323,15 +331,40 @@ def _murmur(audio: np.ndarray, a: int, b: int) -> np.ndarray:
 def _burst_shares(audio: np.ndarray, near: float) -> tuple[float, float] | None:
     """The release burst of a stop closure ending about ``near`` seconds in (the sharpest rise of the level
     within 30 ms of it): the shares of its energy under 1.5 kHz and above 3 kHz, or None at the edge."""
+    at = _release(audio, near - 0.03, near + 0.03, BURST_N)
+    if at is None:
+        return None
+    low, high = _shares(audio[at : at + BURST_N], (-1, 1500), (3000, np.inf))
+    return float(low), float(high)
+
+
+def _lip_release(audio: np.ndarray, stop: Phone) -> float | None:
+    """Where a t, d, k or g the recogniser heard is released (seconds), when the lips made it: its burst is
+    low-pitched (as ``_burst_shares`` reads a closure's) and the vowel after it begins with its second formant
+    low (LIP_ONSET). None otherwise, or at the window's edge."""
+    after = round(VOWEL_ONSET_S[1] * RATE)
+    at = _release(audio, stop.start - 0.01, stop.end + 0.01, max(BURST_N, after))
+    if at is None:
+        return None
+    low, high = _shares(audio[at : at + BURST_N], (-1, 1500), (3000, np.inf))
+    if low < LIP_BURST_LOW or high >= LIP_BURST_HF:
+        return None
+    f2_low, f2_high = _shares(audio[at + round(VOWEL_ONSET_S[0] * RATE) : at + after], (900, 1500), (1500, 2500))
+    if np.log10((f2_low + 1e-6) / (f2_high + 1e-6)) < LIP_ONSET:
+        return None
+    return at / RATE
+
+
+def _release(audio: np.ndarray, start: float, end: float, reach: int) -> int | None:
+    """The sample of the sharpest rise of the level (5-ms windows, 2.5-ms steps) from ``start`` to ``end``
+    seconds: a stop's release burst. None where the search or the ``reach`` samples after it leave the window."""
     step, win = round(0.0025 * RATE), round(0.005 * RATE)
-    lo, hi = round((near - 0.03) * RATE), round((near + 0.03) * RATE)
-    if lo < win or hi + BURST_N > len(audio):
+    lo, hi = round(start * RATE), round(end * RATE)
+    if lo < win or hi + reach > len(audio) or hi - lo < 3 * step:
         return None
     starts = np.arange(lo, hi, step)
     level = np.array([10 * np.log10(np.mean(audio[t - win // 2 : t + win // 2] ** 2) + 1e-12) for t in starts])
-    at = int(starts[1 + int(np.argmax(level[2:] - level[:-2]))])
-    low, high = _shares(audio[at : at + BURST_N], (-1, 1500), (3000, np.inf))
-    return float(low), float(high)
+    return int(starts[1 + int(np.argmax(level[2:] - level[:-2]))])
 
 
 def _shares(x: np.ndarray, *bands: tuple[float, float]) -> np.ndarray:
