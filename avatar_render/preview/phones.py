@@ -197,7 +197,8 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     ONSET_S is a B.
     An m, b or p the recogniser heard longer than a closure is shut only over its last CLOSURE_S, up to the
     release that ends it (its segment often takes in part of the sound before it: a vowel, or the n or ng of
-    "young man", quieter than the m itself); the rest is an HH, shaped by its neighbours. And
+    "young man", quieter than the m itself); the rest is an HH, shaped by its neighbours. A t, d, k or g it heard
+    is a B up to its release where the lips made it (``_lip_release``). And
     the lips stay shut through the quiet right after a closure (``_held_shut``).
     """
     level = frame_levels(audio)
