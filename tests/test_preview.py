@@ -218,6 +218,11 @@ def test_a_tongue_stop_heard_where_the_lips_made_it_is_a_lip_closure():
         assert [p.label for p in out] == ["AA", "B", "HH", "AA"]
         assert out[1].start == 0.2 and out[1].end == pytest.approx(0.26, abs=0.006)  # shut up to the release
         assert all(a.end == b.start for a, b in zip(out, out[1:]))
+    # Under noise within LIP_BURST_CLEAR_DB of the burst, its spectrum is the noise's: not read.
+    audio = np.concatenate([_tone(0.2, 700, 1200), closure, dull, low_f2])
+    noise = np.random.default_rng(5).standard_normal(len(audio)).astype(np.float32)
+    burst_rms = float(np.sqrt(np.mean(dull**2)))
+    assert stop_closures(phones, audio + noise * np.float32(burst_rms * 10 ** (-12 / 20))) == phones
 
 
 def test_lips_stay_shut_through_the_quiet_after_a_closure():

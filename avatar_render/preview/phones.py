@@ -51,6 +51,7 @@ LIP_BURST_HF = 0.1  # and less than this share above 3 kHz
 # second formant low (the lips' transition): log10 of its energy in 0.9-1.5 kHz over 1.5-2.5 kHz, 20-50 ms after the
 # release, at least this (docs/preview.md, "Lip stops heard as tongue stops")
 LIP_ONSET = 0.4
+LIP_BURST_CLEAR_DB = 20.0  # ... read only on a burst this far over the window's floor (under noise it is the noise's)
 VOWEL_ONSET_S = (0.02, 0.05)
 TONGUE_STOPS = ("T", "D", "K", "G")
 FRAME_S = 0.01  # PocketSphinx's frame shift
@@ -208,7 +209,7 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
             out += _loud_stretches(p, audio, level)
         elif p.label in LIPS:
             out += _at_release(p)
-        elif p.label in TONGUE_STOPS and (release := _lip_release(audio, p)) is not None:
+        elif p.label in TONGUE_STOPS and (release := _lip_release(audio, p, level)) is not None:
             out += _at_release(Phone("B", p.start, release)) + [Phone("HH", release, p.end)] * (p.end > release)
         else:
             out.append(p)
@@ -339,15 +340,19 @@ def _burst_shares(audio: np.ndarray, near: float) -> tuple[float, float] | None:
     return float(low), float(high)
 
 
-def _lip_release(audio: np.ndarray, stop: Phone) -> float | None:
-    """Where a t, d, k or g the recogniser heard is released (seconds), when the lips made it: its burst is
-    low-pitched (as ``_burst_shares`` reads a closure's) and the vowel after it begins with its second formant
-    low (LIP_ONSET). None otherwise, or at the window's edge."""
+def _lip_release(audio: np.ndarray, stop: Phone, level: np.ndarray) -> float | None:
+    """Where a t, d, k or g the recogniser heard is released (seconds), when the lips made it: its burst, clear of
+    the window's floor (LIP_BURST_CLEAR_DB; ``level``: the window's 10-ms levels, dB), is low-pitched (as
+    ``_burst_shares`` reads a closure's) and the vowel after it begins with its second formant low (LIP_ONSET).
+    None otherwise, or at the window's edge."""
     after = round(VOWEL_ONSET_S[1] * RATE)
     at = _release(audio, stop.start - 0.01, stop.end + 0.01, max(BURST_N, after))
     if at is None:
         return None
-    low, high = _shares(audio[at : at + BURST_N], (-1, 1500), (3000, np.inf))
+    burst = audio[at : at + BURST_N]
+    if 10 * np.log10(np.mean(burst**2) + 1e-12) < np.percentile(level, FLOOR_PERCENTILE) + LIP_BURST_CLEAR_DB:
+        return None
+    low, high = _shares(burst, (-1, 1500), (3000, np.inf))
     if low < LIP_BURST_LOW or high >= LIP_BURST_HF:
         return None
     f2_low, f2_high = _shares(audio[at + round(VOWEL_ONSET_S[0] * RATE) : at + after], (900, 1500), (1500, 2500))
