@@ -51,8 +51,8 @@ LIP_BURST_HF = 0.1  # and less than this share above 3 kHz
 # second formant low (the lips' transition): log10 of its energy in 0.9-1.5 kHz over 1.5-2.5 kHz, 20-50 ms after the
 # release, at least this (docs/preview.md, "Lip stops heard as tongue stops")
 LIP_ONSET = 0.4
-LIP_BURST_CLEAR_DB = 20.0  # ... read only on a burst this far over the window's floor (under noise it is the noise's)
-VOWEL_ONSET_S = (0.02, 0.05)
+VOWEL_ONSET_S = (0.02, 0.05)  # (that stretch, seconds after the release)
+LIP_BURST_CLEAR_DB = 20.0  # a burst is read only this far over the window's floor (under noise it is the noise's)
 TONGUE_STOPS = ("T", "D", "K", "G")
 FRAME_S = 0.01  # PocketSphinx's frame shift
 # The recogniser hears a window over a noise floor at least this far under its loudest 10 ms, as in the recordings
