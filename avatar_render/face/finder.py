@@ -21,7 +21,7 @@ import numpy as np
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.face.layout import EYE_GAP, EYE_Y, MOUTH_Y, Box
-from avatar_render.face.models import DNN_LOCK, installed
+from avatar_render.face.models import DNN_LOCK, installed, read_tflite
 from avatar_render.pipeline.module import Module
 
 MODEL_FILE = "face_detection_short_range.tflite"
@@ -63,16 +63,9 @@ class FaceFinder(Module):
         return [self.path]
 
     def _load(self) -> None:
-        try:
-            with DNN_LOCK:
-                net = cv2.dnn.readNetFromTFLite(str(self.path))
-                net.setInput(np.zeros((1, 3, _INPUT, _INPUT), np.float32))
-                scores, boxes = net.forward(["classificators", "regressors"])
-        except cv2.error:
-            raise AvatarRenderError(
-                f"The face detection model '{self.path}' could not be read; get it again with avatar-render setup."
-            ) from None
-        if scores.shape != (1, len(_ANCHORS), 1) or boxes.shape != (1, len(_ANCHORS), 16):
+        net, outs = read_tflite(self.path, _INPUT, "face detection model")
+        shapes = tuple(getattr(outs.get(name), "shape", None) for name in ("classificators", "regressors"))
+        if shapes != ((1, len(_ANCHORS), 1), (1, len(_ANCHORS), 16)):
             raise AvatarRenderError(f"The face detection model '{self.path}' is not MediaPipe's short-range BlazeFace.")
         self._net = net
 

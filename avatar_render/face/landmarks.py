@@ -20,12 +20,11 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.face.detect import IsFace
 from avatar_render.face.layout import Box
 from avatar_render.face.mesh import LEFT_EYE_UPPER, NUM_POINTS, RIGHT_EYE_UPPER, FaceMesh
-from avatar_render.face.models import DNN_LOCK, installed, model_folders
+from avatar_render.face.models import DNN_LOCK, GET_MODEL, installed, model_folders, read_tflite
 from avatar_render.pipeline.module import Module
 
 MODEL_FILE = "face_landmark.tflite"
 MODEL_SHA256 = "1055cb9d4a9ca8b8c688902a3a5194311138ba256bcc94e336d8373a5f30c814"  # as in mediapipe 0.10.21
-GET_MODEL = "avatar-render setup"  # the install step that puts it in place
 _INPUT = 192  # the model's square input, pixels
 _ROI_SCALE = 1.5  # crop side / landmark extent, as MediaPipe's tracking crops
 _MIN_SCORE = 0.5  # face presence probability below which the landmarks are rejected
@@ -87,17 +86,9 @@ class LandmarkModel(Module):
     def _load(self) -> None:
         if not self.path.is_file():
             raise AvatarRenderError(f"The face landmark model '{self.path}' is missing; get it with {GET_MODEL}.")
-        try:
-            with DNN_LOCK:
-                net = cv2.dnn.readNetFromTFLite(str(self.path))
-                net.setInput(np.zeros((1, 3, _INPUT, _INPUT), np.float32))
-                outs = net.forward(net.getUnconnectedOutLayersNames())
-        except cv2.error:
-            raise AvatarRenderError(
-                f"The face landmark model '{self.path}' could not be read; get it again with {GET_MODEL}."
-            ) from None
-        names = list(net.getUnconnectedOutLayersNames())
-        sizes = [int(np.prod(o.shape)) for o in outs]
+        net, outs = read_tflite(self.path, _INPUT, "face landmark model")
+        names = list(outs)
+        sizes = [int(np.prod(o.shape)) for o in outs.values()]
         if sorted(sizes) != [1, NUM_POINTS * 3]:
             raise AvatarRenderError(f"The face landmark model '{self.path}' is not MediaPipe's 468-point face mesh.")
         self._outputs = [names[sizes.index(NUM_POINTS * 3)], names[sizes.index(1)]]

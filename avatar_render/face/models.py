@@ -1,11 +1,18 @@
-"""Where the installed face models live (``avatar-render setup`` puts them there), and the lock their OpenCV nets
-share."""
+"""Where the installed face models live (``avatar-render setup`` puts them there), the lock their OpenCV nets
+share, and their reading."""
 
 from __future__ import annotations
 
 import os
 import threading
 from pathlib import Path
+
+import cv2
+import numpy as np
+
+from avatar_render.errors import AvatarRenderError
+
+GET_MODEL = "avatar-render setup"  # the install step that puts them in place
 
 # OpenCV's TFLite reader and its nets are not safe to use from two threads at once (a render reads the models in
 # its set-up and in the early face search's thread): failed reads, crashes and endless spins were seen.
@@ -21,3 +28,17 @@ def model_folders() -> list[Path]:
 def installed(name: str) -> Path | None:
     """The first installed model file called ``name``, or None."""
     return next((p for p in (f / name for f in model_folders()) if p.is_file()), None)
+
+
+def read_tflite(path: Path, side: int, what: str) -> tuple[cv2.dnn.Net, dict[str, np.ndarray]]:
+    """OpenCV's net of the TFLite model at ``path`` (a square input of ``side`` pixels), run once on zeros -> (the
+    net, its outputs by name). ``what`` names the model in the sentence raised when it cannot be read."""
+    try:
+        with DNN_LOCK:
+            net = cv2.dnn.readNetFromTFLite(str(path))
+            net.setInput(np.zeros((1, 3, side, side), np.float32))
+            names = list(net.getUnconnectedOutLayersNames())
+            outs = net.forward(names)
+    except cv2.error:
+        raise AvatarRenderError(f"The {what} '{path}' could not be read; get it again with {GET_MODEL}.") from None
+    return net, dict(zip(names, outs))
