@@ -203,13 +203,14 @@ def stop_closures(phones: tuple[Phone, ...], audio: np.ndarray) -> tuple[Phone, 
     the lips stay shut through the quiet right after a closure (``_held_shut``).
     """
     level = frame_levels(audio)
+    floor = float(np.percentile(level, FLOOR_PERCENTILE)) if len(level) else np.inf
     out = []
     for p in phones:
         if p.label == "SIL":
             out += _loud_stretches(p, audio, level)
         elif p.label in LIPS:
             out += _at_release(p)
-        elif p.label in TONGUE_STOPS and (release := _lip_release(audio, p, level)) is not None:
+        elif p.label in TONGUE_STOPS and (release := _lip_release(audio, p, floor)) is not None:
             out += _at_release(Phone("B", p.start, release)) + [Phone("HH", release, p.end)] * (p.end > release)
         else:
             out.append(p)
@@ -340,9 +341,9 @@ def _burst_shares(audio: np.ndarray, near: float) -> tuple[float, float] | None:
     return float(low), float(high)
 
 
-def _lip_release(audio: np.ndarray, stop: Phone, level: np.ndarray) -> float | None:
+def _lip_release(audio: np.ndarray, stop: Phone, floor: float) -> float | None:
     """Where a t, d, k or g the recogniser heard is released (seconds), when the lips made it: its burst, clear of
-    the window's floor (LIP_BURST_CLEAR_DB; ``level``: the window's 10-ms levels, dB), is low-pitched (as
+    the window's floor (LIP_BURST_CLEAR_DB; ``floor``: dB, the FLOOR_PERCENTILE of its 10-ms levels), is low-pitched (as
     ``_burst_shares`` reads a closure's) and the vowel after it begins with its second formant low (LIP_ONSET).
     None otherwise, or at the window's edge."""
     after = round(VOWEL_ONSET_S[1] * RATE)
@@ -350,7 +351,7 @@ def _lip_release(audio: np.ndarray, stop: Phone, level: np.ndarray) -> float | N
     if at is None:
         return None
     burst = audio[at : at + BURST_N]
-    if 10 * np.log10(np.mean(burst**2) + 1e-12) < np.percentile(level, FLOOR_PERCENTILE) + LIP_BURST_CLEAR_DB:
+    if 10 * np.log10(np.mean(burst**2) + 1e-12) < floor + LIP_BURST_CLEAR_DB:
         return None
     low, high = _shares(burst, (-1, 1500), (3000, np.inf))
     if low < LIP_BURST_LOW or high >= LIP_BURST_HF:

@@ -32,7 +32,7 @@ def readings(path: Path, recognizer: ph.PhoneRecognizer) -> list[tuple[bool, flo
     lips = [t for label, t in aligned if label in ("B", "P")]
     tongue = [t for label, t in aligned if label in ph.TONGUE_STOPS]
     out = []
-    original, ph._lip_release = ph._lip_release, lambda audio, stop, level: None  # the recogniser's own names
+    original, ph._lip_release = ph._lip_release, lambda audio, stop, floor: None  # the recogniser's own names
     try:
         phones = heard(audio, recognizer)
     finally:
