@@ -15,9 +15,11 @@ from avatar_render.face.landmarks import find_model
 from avatar_render.io.audio import AudioReader
 from avatar_render.io.reference import load_reference
 from avatar_render.job.setup import request_input
+from avatar_render.pipeline.schedule import ChunkPlan
+from avatar_render.pipeline.types import ChunkInput
 from avatar_render.preview import motion
-from avatar_render.preview.engine import build_preview
-from avatar_render.preview.motion import MotionCarry, blink_track, emphasis, head_track
+from avatar_render.preview.engine import MotionAnchor, PreviewAnimator, SpeechFeatures, build_preview
+from avatar_render.preview.motion import OPEN, PARAMS, MotionCarry, blink_track, emphasis, head_track
 from avatar_render.preview.phones import (
     FLOOR_BELOW_PEAK_DB,
     FLOOR_MARGIN_DB,
@@ -202,6 +204,16 @@ def test_an_aligned_stop_is_shut_over_all_of_its_silent_closure():
     assert loud[0].label == "HH" and loud[0].end == pytest.approx(0.3, abs=0.011)
 
 
+def test_a_closure_longer_than_one_keeps_the_lips_shut_until_its_release():
+    """A stop's silent closure named a B (0.17 s: the pause in "bread, plums") is shut all along, up to the release
+    that ends it, not only over one closure's length around its middle (which opened the lips 40 ms early)."""
+    phones = (Phone("AA", 0.3, 0.5), Phone("T", 0.5, 0.54), Phone("B", 0.54, 0.71), Phone("T", 0.71, 0.75),
+              Phone("L", 0.75, 0.82), Phone("AH", 0.82, 1.0))
+    times = np.arange(0.56, 0.7, 0.01)
+    assert (mouth_targets(phones, times)[:, 0] < -0.5).all()
+    assert mouth_targets(phones, np.array([0.4, 0.85]))[:, 0].min() > 0.3  # open on both sides
+
+
 def test_a_tongue_stop_heard_where_the_lips_made_it_is_a_lip_closure():
     """The recogniser names many a b or p a k, t or g ("brother" heard as G R). The lips made it where its release
     burst is low-pitched and the vowel after it starts with its second formant low; a t's or k's keeps its name."""
@@ -292,6 +304,35 @@ def test_blinks_and_nods_replay_exactly_in_an_i_chunk():
     head = head_track(40, 20, carry, fps=fps, amount=1.0, seed=3)
     assert np.allclose(head, np.concatenate(heads)[40:60], atol=1e-6)
     assert np.concatenate(tracks).max() == 1.0 and 0 < (np.concatenate(tracks) > 0.5).sum() < 40
+
+
+def test_an_i_chunk_keeps_a_closure_heard_with_more_around_it():
+    """At a seam (frame 50) each N chunk heard the audio up to 7 frames past its own. The earlier one heard an m at
+    frames 47-49, inside its own frames; the later one, at the start of its window, heard a v there. The I chunk
+    shuts the lips as the earlier one did (the crossfade alone left them half shut); a closure only the later chunk
+    heard before the seam is crossfaded as before."""
+    def anchor(first: int, shut: tuple[int, ...]) -> MotionAnchor:
+        mouth = np.tile(np.float32([0.6, 0.0]), (64, 1))
+        mouth[[f - first for f in shut], 0] = -1.0
+        params = np.zeros(len(PARAMS), np.float32)
+        params[OPEN] = 0.6  # (at the anchor frames, 44 and 55: open)
+        return MotionAnchor(params=params, first=first, mouth=mouth)
+
+    plan = ChunkPlan(kind="I", index=0, start=45, end=55, publish_start=45, publish_end=55, context=(),
+                     anchors=(44, 55), keep=(), last=False)
+
+    def between(before: MotionAnchor, after: MotionAnchor) -> np.ndarray:
+        x = ChunkInput(plan=plan, fps=Fraction(25), audio=np.zeros(0, np.float32), audio_rate=RATE, audio_pad_s=0.32,
+                       anchors=(before, after), seed=0)
+        animator = PreviewAnimator(mouth_gain=1.0, lip_shape=1.0, blink_interval_s=0.0, head_motion=0.0)
+        got, _ = animator.run(SpeechFeatures(chunk=x, first=45, energy_db=np.zeros(10, np.float32), targets=None),
+                              static=None, carry=MotionCarry())
+        return got.params[:, OPEN]  # frames 45..54
+
+    opening = between(anchor(-7, (47, 48, 49)), anchor(43, ()))
+    assert (opening[2:5] < -0.95).all() and (opening[6:] > 0.3).all()
+    later = between(anchor(-7, ()), anchor(43, (47, 48, 49)))
+    assert (later[2:5] > -0.9).all()  # (before the seam the earlier chunk heard more of it)
 
 
 def test_loudness_scales_openings_not_closures():

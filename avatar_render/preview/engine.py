@@ -263,8 +263,9 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
 
     def _between(self, x: SpeechFeatures, carry: MotionCarry) -> MotionChunk:
         """An I chunk: the mouth both N chunks made of the seam's sound, crossfaded over it (each N chunk's own
-        frames at the ends, so both edges continue their motion); blinks and nods replayed from the carry;
-        all bent to land exactly on the two anchor frames."""
+        frames at the ends, so both edges continue their motion), but where the chunk that heard a frame with more
+        of the audio around it shut the lips, shut as it did; blinks and nods replayed from the carry; all bent to
+        land exactly on the two anchor frames."""
         plan, fps, seed, n = x.chunk.plan, x.chunk.fps, x.chunk.seed, x.chunk.plan.num_frames
         before, after = x.chunk.anchors  # MotionAnchor each
         frames = plan.start + np.arange(n)
@@ -272,6 +273,11 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
         u = np.linspace(0.0, 1.0, n, dtype=np.float32)[:, None]
         w = u * u * (3 - 2 * u)
         mouth = np.nan_to_num(np.where(np.isnan(a), b, np.where(np.isnan(b), a, (1 - w) * a + w * b)))
+        # (a closure one chunk heard, the other not, came out half shut: the crossfade of shut and open)
+        nearer = (before.first + len(before.mouth) - frames > frames - after.first)[:, None]  # the earlier's, or not
+        own = np.where(nearer, a, b)[:, 0]
+        shut = ~np.isnan(own) & (own < 0)
+        mouth[shut, 0] = np.minimum(mouth[shut, 0], own[shut])
         params = np.zeros((n, len(PARAMS)), np.float32)
         params[:, MOUTH] = mouth
         params[:, BLINK], _ = blink_track(

@@ -64,17 +64,15 @@ def mouth_targets(phones: tuple[Phone, ...], times: np.ndarray) -> np.ndarray:
     num = np.zeros((len(times), 2))
     den = np.full((len(times), 2), 1e-3)
     num += den * REST[:2]  # where nothing is said, rest
-    for ph in phones:
+    for ph in _pieces(phones):
         if ph.end - ph.start < MIN_PHONE_S:
             continue
         o, w, pull_o, pull_w = TARGETS.get(ph.label, REST)
         half = (ph.end - ph.start) / 2
-        closure = o < -0.3 and ph.label != "SIL"  # (a pause holds its shape for as long as it lasts)
+        closure = _closure(ph.label)
         # (lips shut for an m, b or p are shut over its segment, which a stop's release ends: no lead)
         centre = ph.start + half - (0.0 if closure else LEAD_S)
         reach = CLOSURE_REACH if closure else 1.0
-        if closure:  # the lips stay shut for about one closure's length, whatever the recogniser's segment says
-            half = min(half, CLOSURE_HOLD_S / 2)
         ahead, behind = 0.5 * half + AHEAD_S * reach, 0.5 * half + BEHIND_S * reach
         near = np.flatnonzero(np.abs(times - centre) < 3 * max(ahead, behind))
         if len(near) == 0:
@@ -88,3 +86,22 @@ def mouth_targets(phones: tuple[Phone, ...], times: np.ndarray) -> np.ndarray:
         den[near, 0] += pull_o * bump
         den[near, 1] += pull_w * bump
     return (num / den).astype(np.float32)
+
+
+def _closure(label: str) -> bool:
+    return TARGETS.get(label, REST)[0] < -0.3 and label != "SIL"  # (a pause holds its shape for as long as it lasts)
+
+
+def _pieces(phones: tuple[Phone, ...]) -> list[Phone]:
+    """The phones with each lip closure longer than CLOSURE_HOLD_S cut into equal pieces no longer than that: one
+    closure's dominance is brief, and a long one (a stop's silent closure, a murmur) is shut all along, up to the
+    release that ends it, not only around its middle."""
+    out = []
+    for ph in phones:
+        n = int(np.ceil((ph.end - ph.start) / CLOSURE_HOLD_S - 1e-9)) if _closure(ph.label) else 1
+        if n <= 1:
+            out.append(ph)
+            continue
+        cuts = np.linspace(ph.start, ph.end, n + 1)
+        out += [Phone(ph.label, float(a), float(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+    return out
