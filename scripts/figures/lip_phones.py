@@ -3,7 +3,8 @@ consonants it hears so: the audio alone, before any drawing (what the mouth's cl
 
 Each recording NAME.wav needs its words in NAME.txt. The m, b and p are those of a forced alignment of the words
 (``measure_preview.align``); the recogniser hears the recording a chunk's window at a time, as a render does
-(2 s and PHONE_PAD_S either side; each window's phones kept over its own 2 s). An m/b/p is caught when a lip
+(2 s and PHONE_PAD_S either side, silence where that reaches before the recording's start or past its end, its DC
+offset taken out; each window's phones kept over its own 2 s). An m/b/p is caught when a lip
 phone (M, B, P after the recogniser's pauses are named) lies within 40 ms of its middle; a false closure is a lip
 phone within 20 ms of the middle of an aligned t, d, k, g, n, ng, l, s, z, sh, zh, ch, jh, th, dh or y with no
 m/b/p within 100 ms.
@@ -24,6 +25,7 @@ import numpy as np
 from measure_preview import align, load_16k
 
 from avatar_render.preview.engine import PHONE_PAD_S
+from avatar_render.preview.motion import without_offset
 from avatar_render.preview.phones import LIPS, RATE, PhoneRecognizer
 
 CORE_S = 2.0  # the frames of a default chunk (50 at 25 fps)
@@ -33,10 +35,13 @@ TONGUE = set("T D K G N NG L S Z SH ZH CH JH TH DH Y".split())
 def heard(audio: np.ndarray, recognizer: PhoneRecognizer) -> list[tuple[str, float, float]]:
     """(phone, start s, end s) over the recording, window by window."""
     out, k, seconds = [], 0, len(audio) / RATE
+    pad = np.zeros(round(PHONE_PAD_S * RATE), np.float32)  # (as a render's windows: ``AudioReader.model_audio``)
+    padded = np.concatenate([pad, audio, pad])
     while k * CORE_S < seconds:
-        lo, hi = k * CORE_S, (k + 1) * CORE_S
-        start, end = max(0.0, lo - PHONE_PAD_S), min(seconds, hi + PHONE_PAD_S)
-        for p in recognizer.recognize(audio[round(start * RATE) : round(end * RATE)]):
+        lo, hi = k * CORE_S, min((k + 1) * CORE_S, seconds)
+        start = lo - PHONE_PAD_S
+        window = without_offset(padded[round(lo * RATE) : round(hi * RATE) + 2 * len(pad)], rate=RATE)
+        for p in recognizer.recognize(window):
             a, b = p.start + start, p.end + start
             if b > lo and a < hi:
                 out.append((p.label, max(a, lo), min(b, hi)))
