@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TALK = ROOT / "examples" / "talk.wav"
 PHOTOS = ("biden.jpg", "glasses.jpg", "obama3.jpg", "obama.jpg", "bw_glasses.jpg", "older.jpg", "hopper.jpg",
-          "einstein.jpg", "breakingbad.jpg")
+          "einstein.jpg", "breakingbad.jpg", "takeo.ppm")
 FIGURES = (
     "r_aperture_vs_level",
     "aperture_silence_over_speech",
