@@ -273,9 +273,10 @@ class PreviewAnimator(Stage[SpeechFeatures, MotionChunk]):
         u = np.linspace(0.0, 1.0, n, dtype=np.float32)[:, None]
         w = u * u * (3 - 2 * u)
         mouth = np.nan_to_num(np.where(np.isnan(a), b, np.where(np.isnan(b), a, (1 - w) * a + w * b)))
-        # (a closure one chunk heard, the other not, came out half shut: the crossfade of shut and open)
-        nearer = (before.first + len(before.mouth) - frames > frames - after.first)[:, None]  # the earlier's, or not
-        own = np.where(nearer, a, b)[:, 0]
+        # (a closure one chunk heard, the other not, came out half shut: the crossfade of shut and open). A frame's
+        # own chunk heard more audio after it than the other chunk heard before it: the earlier before the seam.
+        earlier = (before.first + len(before.mouth) - frames > frames - after.first)[:, None]
+        own = np.where(earlier, a, b)[:, 0]
         shut = ~np.isnan(own) & (own < 0)
         mouth[shut, 0] = np.minimum(mouth[shut, 0], own[shut])
         params = np.zeros((n, len(PARAMS)), np.float32)
