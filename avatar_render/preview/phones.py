@@ -287,11 +287,17 @@ def _at_release(
         while j > first and level[j - 1] < quiet:
             j -= 1
         lead = max(closure.start, min(start, j * FRAME_S))
-    pieces = int(np.ceil((start - lead) / CLOSURE_S - 1e-9))
-    cuts = np.linspace(lead, start, pieces + 1)
-    shut = [Phone(closure.label, float(a), float(b)) for a, b in zip(cuts[:-1], cuts[1:])]
-    shut.append(Phone(closure.label, start, closure.end))
+    shut = in_pieces(Phone(closure.label, lead, start), CLOSURE_S) + [Phone(closure.label, start, closure.end)]
     return [Phone(before, closure.start, lead)] * (lead > closure.start) + shut
+
+
+def in_pieces(phone: Phone, longest: float) -> list[Phone]:
+    """``phone`` cut into equal pieces no longer than ``longest`` seconds (none where it has no length)."""
+    n = int(np.ceil((phone.end - phone.start) / longest - 1e-9))
+    if n == 1:
+        return [phone]
+    cuts = np.linspace(phone.start, phone.end, n + 1)
+    return [Phone(phone.label, float(a), float(b)) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def _loud_stretches(pause: Phone, audio: np.ndarray, level: np.ndarray) -> list[Phone]:

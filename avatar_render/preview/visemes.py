@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from avatar_render.preview.phones import CLOSURE_S, Phone
+from avatar_render.preview.phones import CLOSURE_S, Phone, in_pieces
 
 LEAD_S = 0.015  # the mouth's shape leads the sound
 AHEAD_S = 0.075  # extra reach of a phone's dominance before it (anticipation: 50-100 ms with LEAD_S)
@@ -96,12 +96,4 @@ def _pieces(phones: tuple[Phone, ...]) -> list[Phone]:
     """The phones with each lip closure longer than CLOSURE_HOLD_S cut into equal pieces no longer than that: one
     closure's dominance is brief, and a long one (a stop's silent closure, a murmur) is shut all along, up to the
     release that ends it, not only around its middle."""
-    out = []
-    for ph in phones:
-        n = int(np.ceil((ph.end - ph.start) / CLOSURE_HOLD_S - 1e-9)) if _closure(ph.label) else 1
-        if n <= 1:
-            out.append(ph)
-            continue
-        cuts = np.linspace(ph.start, ph.end, n + 1)
-        out += [Phone(ph.label, float(a), float(b)) for a, b in zip(cuts[:-1], cuts[1:])]
-    return out
+    return [piece for ph in phones for piece in (in_pieces(ph, CLOSURE_HOLD_S) if _closure(ph.label) else [ph])]
