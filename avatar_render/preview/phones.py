@@ -17,7 +17,7 @@ import numpy as np
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.pipeline.module import Module
-from avatar_render.preview import ahead
+from avatar_render.preview import ahead, voice
 from avatar_render.preview.sphinx import SphinxDecoder
 
 RATE = 16_000  # the acoustic model's sample rate
@@ -70,6 +70,12 @@ _ACOUSTIC = ("mdef", "means", "variances", "transition_matrices", "sendump", "fe
 _MURMUR_BANDS = ((-1, 500), (1000, 3000), (3000, np.inf))  # Hz: under 500, 1-3 kHz, over 3 kHz
 # Narrower beams than the defaults: a little faster, the same phones in 97 % of the frames.
 _SEARCH = dict(lw=2.0, pip=0.3, beam=1e-10, pbeam=1e-10)
+# The recogniser hears fewer of a high voice's m, b and p (women's, children's: a shorter vocal tract than most of
+# its model's speakers): a window whose median pitch lies over HIGH_VOICE_HZ is heard a second time with every
+# frequency times HIGH_VOICE_WARP (the window slowed as much, the phones' times mapped back), and the m, b and p heard
+# so go in over what was first heard there (docs/preview.md, "High voices")
+HIGH_VOICE_HZ = 150.0
+HIGH_VOICE_WARP = 0.9
 
 
 @dataclass(frozen=True)
@@ -120,13 +126,50 @@ class PhoneRecognizer(Module):
     def recognize(self, audio: np.ndarray) -> tuple[Phone, ...]:
         """Phones of an (n,) float32 window at 16 kHz, in order, covering it."""
         self.load()
+        floored = with_floor(audio)
+        out = self._decode(floored, 1.0)
+        if high_voice(audio):
+            out = with_lips(out, tuple(p for p in self._decode(floored, HIGH_VOICE_WARP) if p.label in LIPS))
+        return stop_closures(quiet_gaps(out, audio), audio)
+
+    def _decode(self, audio: np.ndarray, warp: float) -> tuple[Phone, ...]:
+        """The decoder's phones of the window heard with its frequencies times ``warp``, in the window's time."""
         assert self._decoder is not None
-        pcm = (np.clip(with_floor(audio), -1.0, 1.0) * 32767).astype(np.int16)
+        pcm = (np.clip(lowered(audio, warp), -1.0, 1.0) * 32767).astype(np.int16)
         out = []
         for word, first, last in self._decoder.segments(pcm):
             label = word if word.isalpha() and word.isupper() else "SIL"
-            out.append(Phone(label, first * FRAME_S, (last + 1) * FRAME_S))
-        return stop_closures(quiet_gaps(tuple(out), audio), audio)
+            out.append(Phone(label, first * FRAME_S * warp, (last + 1) * FRAME_S * warp))
+        return tuple(out)
+
+
+def high_voice(audio: np.ndarray) -> bool:
+    """Whether the (n,) float32 window's voice is high (its median pitch over ``HIGH_VOICE_HZ``)."""
+    pitch = voice.pitch_hz(audio)
+    return pitch is not None and pitch > HIGH_VOICE_HZ
+
+
+def with_lips(phones: tuple[Phone, ...], lips: tuple[Phone, ...]) -> tuple[Phone, ...]:
+    """The phones with each of ``lips`` (m, b, p heard in the window lowered) put in over what was heard there."""
+    if not phones or not lips:
+        return phones
+    end = phones[-1].end
+    lips = tuple(Phone(p.label, p.start, min(p.end, end)) for p in lips if p.start < end)
+    out = []
+    for p in phones:
+        pieces = [(p.start, p.end)]
+        for q in lips:
+            pieces = [(a, b) for s, e in pieces for a, b in ((s, min(e, q.start)), (max(s, q.end), e)) if b > a]
+        out += [Phone(p.label, a, b) for a, b in pieces]
+    return tuple(sorted((*out, *lips), key=lambda p: p.start))
+
+
+def lowered(audio: np.ndarray, warp: float) -> np.ndarray:
+    """The (n,) float32 window with every frequency times ``warp`` (<= 1), as long as 1 / warp times it."""
+    if warp == 1.0:
+        return audio
+    n = int(len(audio) / warp)  # (band-limited: the spectrum zero-padded)
+    return (np.fft.irfft(np.fft.rfft(audio), n) * (n / len(audio))).astype(np.float32)
 
 
 def with_floor(audio: np.ndarray) -> np.ndarray:
