@@ -29,6 +29,10 @@ TALK = ROOT / "examples" / "talk.wav"
 EXTRA = ("voice2", "spanish", "mbp", "eeoo", "mbp_f3", "mbp_text2", "librivox", "german", "spanish2", "mandarin")
 # aligned with their text (closures, ee/oo); the other languages are not
 ENGLISH = ("voice2", "mbp", "eeoo", "mbp_f3", "mbp_text2", "librivox")
+# more English recordings with their words, rendered only when named with --only: the six voices of "The opening and
+# the closures" and the four of Flite's slt voice ("High voices"; made only where the flite program is installed)
+MORE = ("mbp_m3", "mbp_rp", "mbp_029", "mbp_scot", "mbp_f5", "mbp_klatt",
+        "slt_mbp", "slt_mbp3", "slt_mbp4", "slt_text2")
 SIZES = ((1280, 720), (1920, 1080))
 
 
@@ -62,7 +66,8 @@ def main() -> None:
     ap.add_argument("--seam-s", type=float, default=198.0, help="length of the seam render (8 x the example)")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-seams", action="store_true")
-    ap.add_argument("--only", nargs="*", default=None, help="recordings to render and measure (talk and EXTRA names)")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help="recordings to render and measure (talk, EXTRA and MORE names)")
     ap.add_argument("--transcript", action="store_true", help="give the English recordings' words to the renders")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("overrides", nargs="*")
@@ -107,10 +112,10 @@ def main() -> None:
     for name in names:
         audio = TALK if name == "talk" else rec / f"{name}.wav"
         words = []
-        if args.transcript and name in ("talk", *ENGLISH):
+        if args.transcript and name in ("talk", *ENGLISH, *MORE):
             words = [f"preview.transcript={TALK.with_suffix('.txt') if name == 'talk' else rec / f'{name}.txt'}"]
         report = render(out / f"{name}.mp4", audio, *words, *args.overrides)
-        text = (rec / f"{name}.txt").read_text() if name in ENGLISH else None
+        text = (rec / f"{name}.txt").read_text() if name in (*ENGLISH, *MORE) else None
         m = measure(out / f"{name}.mp4", FACE, audio, text)
         m["realtime_factor"] = report["realtime_factor"]
         figures["recordings"][name] = m
