@@ -44,12 +44,12 @@ CHILD = (290.0, (700.0, 2400.0, 3300.0))
 
 @pytest.mark.parametrize("pitch, formants", [LOW_VOICE, MAN, HIGHER_MAN, WOMAN, CHILD])
 def test_the_pitch_of_a_voice(pitch, formants):
-    assert pitch_hz(vowel(pitch, formants)) == pytest.approx(pitch, rel=0.05)
+    assert pitch_hz(vowel(pitch, formants), RATE) == pytest.approx(pitch, rel=0.05)
 
 
 def test_silence_and_a_too_short_window_have_no_pitch():
     quiet = (1e-4 * np.random.default_rng(0).standard_normal(2 * RATE)).astype(np.float32)
-    assert pitch_hz(np.zeros(2 * RATE, np.float32)) is None and pitch_hz(quiet[:300]) is None
+    assert pitch_hz(np.zeros(2 * RATE, np.float32), RATE) is None and pitch_hz(quiet[:300], RATE) is None
 
 
 class _Decoder:

@@ -145,7 +145,7 @@ class PhoneRecognizer(Module):
 
 def high_voice(audio: np.ndarray) -> bool:
     """Whether the (n,) float32 window's voice is high (its median pitch over ``HIGH_VOICE_HZ``)."""
-    pitch = voice.pitch_hz(audio)
+    pitch = voice.pitch_hz(audio, RATE)
     return pitch is not None and pitch > HIGH_VOICE_HZ
 
 

@@ -1,4 +1,4 @@
-"""How high a voice is: the median pitch of one window of speech at 16 kHz.
+"""How high a voice is: the median pitch of one window of speech.
 
 The phone recogniser's English acoustic model hears fewer of a high voice's m, b and p (most women's, a child's:
 a shorter vocal tract than most of its model's speakers): on a voice made from CMU ARCTIC's slt speaker it missed 45
@@ -12,36 +12,37 @@ from __future__ import annotations
 
 import numpy as np
 
-RATE = 16_000
-_HOP = 160  # 10 ms
 _LOUD = 0.3  # frames whose RMS is at least this share of the window's 90th percentile are voice, not pauses
-_PITCH_N = 640  # 40 ms: two periods of a 50-Hz voice
+_HOP_S = 0.01
+_PITCH_S = 0.04  # two periods of a 50-Hz voice
 _PITCH_HZ = (60.0, 400.0)
 _CLEAR = 0.5  # a frame is voiced when its normalised autocorrelation at the period is at least this
 _MIN_FRAMES = 10
 
 
-def _loud_frames(audio: np.ndarray) -> np.ndarray:
-    """(k, _PITCH_N) float64 frames every 10 ms of the window's loud stretches (empty when it has none)."""
-    count = (len(audio) - _PITCH_N) // _HOP + 1
+def _loud_frames(audio: np.ndarray, n: int, hop: int) -> np.ndarray:
+    """(k, n) float64 frames every ``hop`` samples of the window's loud stretches (empty when it has none)."""
+    count = (len(audio) - n) // hop + 1
     if count < 1:
-        return np.zeros((0, _PITCH_N))
-    idx = np.arange(count)[:, None] * _HOP + np.arange(_PITCH_N)[None]
+        return np.zeros((0, n))
+    idx = np.arange(count)[:, None] * hop + np.arange(n)[None]
     frames = audio[idx].astype(np.float64)
     rms = np.sqrt(np.mean(frames**2, axis=1))
     return frames[rms >= _LOUD * max(float(np.percentile(rms, 90)), 1e-6)]
 
 
-def pitch_hz(audio: np.ndarray) -> float | None:
-    """Median pitch (Hz) of the window's voiced frames, None when fewer than ten are. audio: (n,) float32."""
-    frames = _loud_frames(audio)
+def pitch_hz(audio: np.ndarray, rate: int) -> float | None:
+    """Median pitch (Hz) of the window's voiced 40-ms frames, None when fewer than ten are. audio: (n,) float32 at
+    ``rate`` Hz."""
+    n = round(_PITCH_S * rate)
+    frames = _loud_frames(audio, n, round(_HOP_S * rate))
     if len(frames) < _MIN_FRAMES:
         return None
     frames -= frames.mean(axis=1, keepdims=True)
-    power = np.abs(np.fft.rfft(frames, 2 * _PITCH_N)) ** 2
-    ac = np.fft.irfft(power)[:, :_PITCH_N]
+    power = np.abs(np.fft.rfft(frames, 2 * n)) ** 2
+    ac = np.fft.irfft(power)[:, :n]
     ac /= np.maximum(ac[:, :1], 1e-12)
-    lo, hi = int(RATE / _PITCH_HZ[1]), int(RATE / _PITCH_HZ[0])
+    lo, hi = int(rate / _PITCH_HZ[1]), int(rate / _PITCH_HZ[0])
     seg = ac[:, lo:hi]
     best = seg.max(axis=1)
     # the shortest lag nearly as alike as the best: the period, not a multiple of it
@@ -49,4 +50,4 @@ def pitch_hz(audio: np.ndarray) -> float | None:
     voiced = best >= _CLEAR
     if voiced.sum() < _MIN_FRAMES:
         return None
-    return float(np.median(RATE / lag[voiced]))
+    return float(np.median(rate / lag[voiced]))
