@@ -2,9 +2,10 @@
 consonants it hears so: the audio alone, before any drawing (what the mouth's closures follow without a transcript).
 
 Each recording NAME.wav needs its words in NAME.txt. The m, b and p are those of a forced alignment of the words
-(``measure_preview.align``); the recogniser hears the recording a chunk's window at a time, as a render does
-(2 s and PHONE_PAD_S either side, silence where that reaches before the recording's start or past its end, its DC
-offset taken out; each window's phones kept over its own 2 s). An m/b/p is caught when a lip
+(``measure_preview.align``), or the phones its synthesizer wrote beside it (NAME.phones: other languages); the
+recogniser hears the recording a chunk's window at a time, as a render does (2 s and PHONE_PAD_S either side,
+silence where that reaches before the recording's start or past its end, its DC offset taken out; each window's
+phones kept over its own 2 s). An m/b/p is caught when a lip
 phone (M, B, P after the recogniser's pauses are named) lies within 40 ms of its middle; a false closure is a lip
 phone within 20 ms of the middle of an aligned t, d, k, g, n, ng, l, s, z, sh, zh, ch, jh, th, dh or y with no
 m/b/p within 100 ms.
@@ -22,7 +23,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from measure_preview import align, load_16k
+from measure_preview import load_16k, spoken
 
 from avatar_render.preview.engine import PHONE_PAD_S
 from avatar_render.preview.motion import without_offset
@@ -55,7 +56,7 @@ def count(path: Path, noise_db: float | None, recognizer: PhoneRecognizer) -> di
         noise = np.fft.irfft(np.fft.rfft(np.random.default_rng(1).standard_normal(len(audio)))
                              / np.sqrt(np.maximum(np.fft.rfftfreq(len(audio), 1 / RATE), 1.0)), len(audio))
         audio = (audio + noise / np.sqrt(np.mean(noise**2)) * 10 ** (noise_db / 20)).astype(np.float32)
-    middles = [(label, (a + b) / 2) for label, a, b in align(path, path.with_suffix(".txt").read_text())]
+    middles = [(label, (a + b) / 2) for label, a, b in spoken(path, path.with_suffix(".txt").read_text())]
     lips = [(a, b) for label, a, b in heard(audio, recognizer) if label in LIPS]
 
     def near(t: float, within: float) -> bool:

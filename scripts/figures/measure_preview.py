@@ -20,8 +20,9 @@ Needs the face landmark model (scripts/fetch_face_model.py). Definitions (all pr
   at a complete closure, 0.17 at rest), so closures and silence are judged on this one too.
 * speech level: RMS of the audio during each frame in dB, floored 40 dB below the loud passages.
 * closures (--text): phones M, B, P from a forced alignment of the text (PocketSphinx, sentence by
-  sentence); closed when the lip gap is under 15 % of its median in speech on a frame whose centre
-  lies within 40 ms of the phone's middle. The landmark model cannot read that low on a smiling
+  sentence), or those its synthesizer wrote beside the audio (AUDIO.phones: other languages); closed when
+  the lip gap is under 15 % of its median in speech on a frame whose centre lies within 40 ms of the
+  phone's middle. The landmark model cannot read that low on a smiling
   reference: it reads the reference rendered with its lips pressed shut (the instrument's floor, also
   printed) at about 0.10 eye distances; so closures are also counted against that floor: closed when
   the gap is within a quarter of the way from the floor to the speech median.
@@ -73,6 +74,16 @@ def load_16k(path: Path) -> np.ndarray:
     with AudioReader(path, fps=Fraction(25), model_rate=16000) as a:
         a.probe(10**9)
         return a.model_audio(0, a.total_frames)
+
+
+def spoken(path: Path, text: str) -> list[tuple[str, float, float]]:
+    """(phone, start s, end s) spoken in the audio: the phones its synthesizer wrote beside it (PATH.phones, from
+    scripts/fixtures/timed_speech.py: other languages) where there are, else the text's forced alignment."""
+    timed = path.with_suffix(".phones")
+    if timed.is_file():
+        rows = (line.split() for line in timed.read_text().splitlines())
+        return [(label, float(a), float(b)) for a, b, label in rows]
+    return align(path, text)
 
 
 def align(path: Path, text: str) -> list[tuple[str, float, float]]:
@@ -337,7 +348,7 @@ def measure(video: Path, ref_path: Path, audio: Path, text: str | None = None, f
             f"{int((t[apart] > 0.7).sum())}/{int(apart.sum())} (lips apart; {int((~apart).sum())} lips closed)"
         )
     if text is not None:
-        phones = align(audio, text)
+        phones = spoken(audio, text)
         median = float(np.median(gaps[speech]))
         mids = [((a + b) / 2, p) for p, a, b in phones if p in ("M", "B", "P")]
         closed, floored = [], []

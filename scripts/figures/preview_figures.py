@@ -33,6 +33,8 @@ ENGLISH = ("voice2", "mbp", "eeoo", "mbp_f3", "mbp_text2", "librivox")
 # the closures" and the four of Flite's slt voice ("High voices"; made only where the flite program is installed)
 MORE = ("mbp_m3", "mbp_rp", "mbp_029", "mbp_scot", "mbp_f5", "mbp_klatt",
         "slt_mbp", "slt_mbp3", "slt_mbp4", "slt_text2")
+# other languages with the phones their synthesizer spoke (closures counted on those), also only with --only
+TIMED = ("mbp_es", "mbp_de", "mbp_fr", "mbp_it", "mbp_pt")
 SIZES = ((1280, 720), (1920, 1080))
 
 
@@ -67,17 +69,17 @@ def main() -> None:
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-seams", action="store_true")
     ap.add_argument("--only", nargs="*", default=None,
-                    help="recordings to render and measure (talk, EXTRA and MORE names)")
+                    help="recordings to render and measure (talk, EXTRA, MORE and TIMED names)")
     ap.add_argument("--transcript", action="store_true", help="give the English recordings' words to the renders")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out, rec = args.out, args.out / "rec"
     out.mkdir(parents=True, exist_ok=True)
-    if not all((rec / f"{n}.wav").is_file() for n in EXTRA):
+    names = args.only if args.only is not None else ["talk", *EXTRA]
+    if not all((rec / f"{n}.wav").is_file() for n in (*EXTRA, *(n for n in names if n in TIMED))):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "fixtures" / "make_examples.py"), "--extra", str(rec)],
                        check=True)
-    names = args.only if args.only is not None else ["talk", *EXTRA]
     for name in [n for n in names if n != "talk" and not (rec / f"{n}.wav").is_file()]:
         print(f"== {name}: left out ({rec / name}.wav could not be made)")
         names.remove(name)
@@ -115,7 +117,7 @@ def main() -> None:
         if args.transcript and name in ("talk", *ENGLISH, *MORE):
             words = [f"preview.transcript={TALK.with_suffix('.txt') if name == 'talk' else rec / f'{name}.txt'}"]
         report = render(out / f"{name}.mp4", audio, *words, *args.overrides)
-        text = (rec / f"{name}.txt").read_text() if name in (*ENGLISH, *MORE) else None
+        text = (rec / f"{name}.txt").read_text() if name in (*ENGLISH, *MORE, *TIMED) else None
         m = measure(out / f"{name}.mp4", FACE, audio, text)
         m["realtime_factor"] = report["realtime_factor"]
         figures["recordings"][name] = m
