@@ -374,6 +374,23 @@ def test_a_dc_offset_is_not_read_as_sound():
     assert np.allclose(motion.without_offset(shifted, rate=RATE), speech, atol=1e-6)
 
 
+def test_the_zeros_padding_a_window_past_a_recording_with_an_offset_stay_silence():
+    """A window is padded with zeros before the recording's start and past its end: an offset taken out of those too
+    made a step as loud as the offset at the recording's edge, and the speech beside it read as quiet (a mouth nearly
+    still). Taken out of the recording alone, even where it fills a fifth of the window."""
+    speech = np.concatenate([_tone(0.3, 700, 1200), np.zeros(int(0.3 * RATE), np.float32)] * 2)  # 1.2 s
+    shifted = speech + np.float32(0.5)
+    for before, after in ((int(0.32 * RATE), 0), (0, int(4.8 * RATE)), (int(0.32 * RATE), int(0.32 * RATE))):
+        window = np.concatenate([np.zeros(before, np.float32), shifted, np.zeros(after, np.float32)])
+        out = motion.without_offset(window, rate=RATE)
+        assert not out[:before].any() and not out[len(out) - after :].any()
+        assert np.allclose(out[before : before + len(speech)], speech, atol=1e-5)
+        level = motion.frame_energy_db(out, rate=RATE, fps=Fraction(25), first=0, num_frames=len(out) * 25 // RATE,
+                                       pad_s=0.0, window_start=0)
+        assert level.max() < motion.frame_energy_db(speech, rate=RATE, fps=Fraction(25), first=0, num_frames=30,
+                                                    pad_s=0.0, window_start=0).max() + 0.5
+
+
 def test_pause_closes_the_lips_then_goes_back_to_the_reference():
     fps = Fraction(25)
     speech = np.zeros(300, np.float32)

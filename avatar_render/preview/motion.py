@@ -66,12 +66,22 @@ class MotionCarry:
 
 def without_offset(audio: np.ndarray, *, rate: int) -> np.ndarray:
     """The (n,) window at ``rate`` Hz less its DC offset where it has one: the median of its 10-ms means, when that
-    lies more than DC_LIMIT from zero (speech's own means scatter either side of zero; an offset sits in every one)."""
-    hop = max(1, rate // 100)
-    if len(audio) < hop:
+    lies more than DC_LIMIT from zero (speech's own means scatter either side of zero; an offset sits in every one).
+    The zeros a window is padded with before the recording's start and past its end are silence, not the recording:
+    they stay zeros and are not counted (an offset taken from them would be a loud step at the recording's edge)."""
+    nonzero = np.flatnonzero(audio)
+    if not len(nonzero):
         return audio
-    offset = float(np.median(audio[: len(audio) // hop * hop].reshape(-1, hop).mean(axis=1)))
-    return (audio - np.float32(offset)).astype(np.float32) if abs(offset) > DC_LIMIT else audio
+    lo, hi = int(nonzero[0]), int(nonzero[-1]) + 1
+    hop = max(1, rate // 100)
+    if hi - lo < hop:
+        return audio
+    offset = float(np.median(audio[lo : lo + (hi - lo) // hop * hop].reshape(-1, hop).mean(axis=1)))
+    if abs(offset) <= DC_LIMIT:
+        return audio
+    out = audio.astype(np.float32)  # (a copy)
+    out[lo:hi] -= np.float32(offset)
+    return out
 
 
 def frame_energy_db(
