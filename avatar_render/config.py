@@ -437,7 +437,7 @@ def validate(cfg: Config) -> None:
             cfg.face.box is None
             or (len(cfg.face.box) == 4 and min(cfg.face.box[2:]) > 0 and min(cfg.face.box[:2]) >= 0),
             "face.box",
-            "must be [x, y, width, height] with a positive width and height",
+            "must be [x, y, width, height]: x and y 0 or more, the width and height more than 0",
         ),
         (cfg.face.index is None or cfg.face.index >= 1, "face.index",
          "must be 1 or more (the faces are counted from the left from 1)"),

@@ -72,6 +72,7 @@ def _images(d: Path, face_png: Path) -> None:
     exif = Image.Exif()
     exif[0x0112] = 6  # orientation: rotated 90 degrees clockwise
     face.save(d / "rotated.jpg", exif=exif)
+    face.save(d / "bad_exif.jpg", exif=b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\xff\xff\xff")  # (its first IFD cut short)
     face.save(d / "face.webp")
     face.resize((16, 2000)).save(d / "strip.png")
     Image.new("RGB", (1, 10000), (90, 120, 150)).save(d / "line.png")
@@ -389,6 +390,19 @@ CASES = {
     "override: float for an int list": Case(
         "Config key 'face.box[0]' has a wrong type or value", args=("face.box=[1.5,2,30,30]",)),
     "override: face.box of 2": Case("Config key 'face.box' must be [x, y, width, height]", args=("face.box=[1,2]",)),
+    "override: face.landmarks a folder": Case(
+        "The face landmark model '{d}/folder' (face.landmarks) is a folder, not the model's file",
+        args=("face.landmarks={d}/folder",)),
+    "audio: a web address": Case(
+        "--audio 'http://127.0.0.1:1/talk.wav' is a web address; give a local file", audio="http://127.0.0.1:1/talk.wav"),
+    "override: face.box at a negative x": Case("Config key 'face.box' must be [x, y, width, height]: x and y 0 or more",
+                                               args=("face.box=[-10,6,100,100]",)),
+    "override: face.box past the picture's corner": Case(
+        "face.box=[100, 100, 60, 60] puts the eyes or the mouth outside the reference, which is 128x128 pixels",
+        args=("face.box=[100,100,60,60]",)),
+    "override: face.box past the whole picture": Case(
+        "face.box=[0, 0, 10000, 10000] puts the eyes or the mouth outside the reference",
+        args=("face.box=[0,0,10000,10000]",)),
     "override: odd width": Case(
         "Config key 'video.width' must be an even number from 16 to 16384", args=("video.width=47",)),
     "override: width 20000": Case(
@@ -438,6 +452,7 @@ CASES = {
     "renders: CMYK JPEG reference": Case(RENDERS, ref="cmyk.jpg"),
     "renders: palette PNG with transparency": Case(RENDERS, ref="palette.png"),
     "renders: EXIF-rotated JPEG": Case(RENDERS, ref="rotated.jpg"),
+    "renders: JPEG with corrupt EXIF, no warning leaked": Case(RENDERS, ref="bad_exif.jpg"),
     "renders: WebP reference": Case(RENDERS, ref="face.webp"),
     "renders: 16x2000 reference": Case(RENDERS, ref="strip.png"),
     "renders: reference through a symlink": Case(RENDERS, ref="link.png"),
@@ -450,7 +465,7 @@ CASES = {
 
 
 def _where(name: str, d: Path) -> str:
-    return name if name.startswith("/") else str(d / name)
+    return name if name.startswith("/") or "://" in name else str(d / name)
 
 
 @pytest.mark.parametrize("name", list(CASES))

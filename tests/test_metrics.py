@@ -346,6 +346,14 @@ def test_inspect_cli_without_report_and_bad_input(small_render, tmp_path):
     assert done.returncode == 1 and "chunk plan" in done.stderr
 
 
+def test_inspect_of_a_still_image_says_nothing_but_its_table(face_png):
+    """A still picture is a video of one frame: no blink noise to read from frame to frame, and no warning of
+    numpy's printed for it."""
+    done = cli("inspect", face_png)
+    assert done.returncode == 0, done.stderr
+    assert "1 frames at 25 fps" in done.stdout and done.stderr == "", done.stderr
+
+
 def test_face_sharpness_falls_with_blur_and_is_relative_to_the_reference(tmp_path):
     sharp = face_frame()
     soft = cv2.GaussianBlur(sharp, (0, 0), 2.0)

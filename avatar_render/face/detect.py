@@ -249,7 +249,7 @@ def choose_face(image: np.ndarray, detector: FaceDetector, face_box: list[int] |
     it shows several faces (which one is rendered, how to pick another); a ``face.index`` beyond the faces
     found is refused. With ``is_face``, only the boxes it keeps are faces (``face.index`` counts those)."""
     if face_box:
-        return layout_from_box(Box(*map(float, face_box))), ""
+        return _placed(face_box, image.shape[1], image.shape[0]), ""
     faces = detector.faces(image, thorough=True, is_face=is_face)
     chosen = detector.choose(faces)
     if detector.index is not None and chosen is None:
@@ -266,6 +266,17 @@ def choose_face(image: np.ndarray, detector: FaceDetector, face_box: list[int] |
                 f"the left ({f.w:.0f}x{f.h:.0f} px at x={f.x:.0f}, y={f.y:.0f}). face.index=1..{len(faces)} picks "
                 "another (counted from the left); face.box=[x,y,w,h] places one by hand.")
     return detector.layout(image, faces[chosen]), note
+
+
+def _placed(face_box: list[int], width: int, height: int) -> FaceLayout:
+    """The layout of the user's ``face_box`` in a (height, width) picture; refused where it puts an eye or the mouth
+    outside the picture (nothing there to animate)."""
+    layout = layout_from_box(Box(*map(float, face_box)))
+    if not all(0 <= b.cx < width and 0 <= b.cy < height for b in (layout.left_eye, layout.right_eye, layout.mouth)):
+        raise AvatarRenderError(f"face.box={list(face_box)} puts the eyes or the mouth outside the reference, which "
+                                f"is {width}x{height} pixels; give the box of the face inside it, as [x, y, width, "
+                                "height].")
+    return layout
 
 
 def _lying(roll: float) -> str:

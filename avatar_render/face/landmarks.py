@@ -44,9 +44,10 @@ def find_model(setting: str = "auto") -> Path | None:
         return installed(MODEL_FILE)
     path = Path(setting).expanduser()
     if not path.is_file():
+        what = f"is a folder, not the model's file ({MODEL_FILE})" if path.is_dir() else "does not exist"
         raise AvatarRenderError(
-            f"The face landmark model '{path}' (face.landmarks) does not exist; "
-            f"get it with {GET_MODEL}, or set face.landmarks=auto."
+            f"The face landmark model '{path}' (face.landmarks) {what}; get it with {GET_MODEL}, or set "
+            "face.landmarks=auto."
         )
     return path
 

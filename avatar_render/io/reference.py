@@ -78,6 +78,7 @@ def _is_image(path: Path) -> bool:
     try:
         with _PIL_LIMIT_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            _quiet_exif()
             previous = Image.MAX_IMAGE_PIXELS
             Image.MAX_IMAGE_PIXELS = None
             try:
@@ -89,6 +90,12 @@ def _is_image(path: Path) -> bool:
         return False
     except _DECODE_ERRORS:
         return True  # an image, a broken one: load_reference says so
+
+
+def _quiet_exif() -> None:
+    """Inside ``warnings.catch_warnings()``: Pillow's warnings of a photo's broken EXIF data go unshown (the photo
+    is read without it, as any viewer does; nothing the user must act on)."""
+    warnings.filterwarnings("ignore", message=r"(Possibly )?[Cc]orrupt EXIF", category=UserWarning)
 
 
 def image_within(path: Path, max_pixels: int) -> bool:
@@ -105,6 +112,7 @@ def _open_image(path: Path, max_pixels: int) -> Image.Image:
     """Open lazily (header only) and check the size before any pixel is decoded."""
     with _PIL_LIMIT_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        _quiet_exif()
         previous = Image.MAX_IMAGE_PIXELS
         Image.MAX_IMAGE_PIXELS = max_pixels
         try:
@@ -142,7 +150,9 @@ def _check_size(path: Path, width: int, height: int, max_pixels: int) -> None:
 def _decode_image(image: Image.Image, path: Path) -> np.ndarray:
     try:
         image.load()
-        ImageOps.exif_transpose(image, in_place=True)
+        with _PIL_LIMIT_LOCK, warnings.catch_warnings():
+            _quiet_exif()
+            ImageOps.exif_transpose(image, in_place=True)
         image = _canonical_mode(image)
         return _to_rgb_array(image)
     except MemoryError:

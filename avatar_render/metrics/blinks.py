@@ -58,7 +58,8 @@ def count_blinks(closure: np.ndarray, *, fps: float, depth: float) -> BlinkResul
         return BlinkResult(0, 0.0, ())
     width = max(3, int(round(BASELINE_S * fps)) | 1)
     rise = closure - running_median(closure, width)
-    noise = 1.4826 * float(np.median(np.abs(np.diff(closure)))) / np.sqrt(2)  # frame-to-frame noise, robust
+    steps = np.abs(np.diff(closure))
+    noise = 1.4826 * float(np.median(steps)) / np.sqrt(2) if len(steps) else 0.0  # frame-to-frame noise, robust
     threshold = max(NOISE_K * noise, MIN_RISE * depth, 1.0)
     above = np.flatnonzero(rise > threshold)
     runs: list[list[int]] = []
