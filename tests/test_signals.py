@@ -6,12 +6,25 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from avatar_render.files.render_paths import render_paths
 from avatar_render.job.stop import RenderStopped, StopNow, StopSignals
-from tests.test_resume import api_render, assert_same_as_reference, cli, decode, driver, render_args, work  # noqa: F401
+from tests.media import speech_like, write_wav
+from tests.test_resume import (  # noqa: F401
+    api_render,
+    assert_same_as_reference,
+    cli,
+    decode,
+    driver,
+    env,
+    render_args,
+    work,
+)
 
 DELAY = 0.02  # seconds per decode call, so that the signal lands while the render runs
 
@@ -84,6 +97,57 @@ def test_stop_signals_in_process():
         with pytest.raises(StopNow):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_stop_handler_only_records_and_the_first_poll_tells():
+    """The handler runs wherever the main thread was, inside an import too: it records, and the first ``stop()``
+    (the render's poll) says so, once."""
+    seen = []
+    with StopSignals(on_first=seen.append) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.signum == signal.SIGINT and seen == []
+        assert stop() and stop() and seen == [signal.SIGINT]
+
+
+def test_a_signal_the_process_was_started_ignoring_stays_ignored():
+    """A script's background job starts with SIGINT ignored: the render does not take it over (it was ignored until
+    the render began, and is so throughout)."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopSignals() as stop:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            assert not stop()
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # (SIGTERM is still the render's)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+STARTING = ("Error: Interrupted.",  # (in the imports or while the arguments are read)
+            "Warning: stopping at the next keyframe; press Ctrl-C again to stop at once.")  # (the render's handler)
+
+
+@pytest.mark.parametrize("after_s", [0.05, 0.12, 0.2, 0.3, 0.5])
+def test_a_ctrl_c_while_the_command_starts_stops_it_cleanly(face_png, tmp_path, after_s):
+    """Wherever the command is when the Ctrl-C comes (importing, reading its arguments, starting the set-up's threads,
+    in the render): one line or the stop's two, 130, no traceback, and no process left waiting on a lock (an
+    exception raised inside an import while the set-up's threads imported left them waiting for good)."""
+    audio = write_wav(tmp_path / "a.wav", speech_like(300.0, 16000), 16000)  # (minutes of work: never done first)
+    proc = subprocess.Popen([sys.executable, "-m", "avatar_render", *render_args(face_png, audio, "o.mp4")],
+                            cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(after_s)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # (one stuck is not left behind)
+    if proc.returncode == -signal.SIGINT and not out + err:
+        return  # (it came before the interpreter had taken SIGINT over: the system's own end, which says nothing)
+    assert proc.returncode == 130 and "Traceback" not in out + err, (proc.returncode, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[:1] == [STARTING[0]] or lines[:1] == [STARTING[1]] and lines[1].startswith("Warning: Stopped"), err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "a.wav") in ([], ["o.mp4.journal", "o.partial.mp4"])
 
 
 def test_stop_before_the_first_chunk_leaves_nothing(work, face_png, tmp_path):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from pathlib import Path
@@ -83,6 +85,32 @@ def read_config(out: Out, path: Optional[Path], overrides: Optional[list[str]], 
         if issubclass(w.category, ConfigWarning):
             out.warn(str(w.message))
     return cfg
+
+
+class HeldSignals:
+    """While a command imports the library with its set-up's threads importing beside it: SIGINT and SIGTERM are
+    recorded (``first``, the first that came), never raised. A KeyboardInterrupt raised inside an import while the
+    interpreter's import lock was held left the other threads waiting on that lock, and the process with them. A
+    signal the process ignores stays ignored; elsewhere than in the main thread nothing is held."""
+
+    def __init__(self) -> None:
+        self.first: Optional[int] = None
+        self._previous: dict[int, object] = {}
+
+    def _record(self, signum: int, frame: object) -> None:
+        if self.first is None:
+            self.first = signum
+
+    def __enter__(self) -> HeldSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(s) is not signal.SIG_IGN:
+                    self._previous[s] = signal.signal(s, self._record)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
 
 
 def guard(out: Out, debug: bool, fn: Callable[[], None]) -> None:

@@ -12,6 +12,7 @@ import typer
 from avatar_render.cli.app import (
     ConfigOpt,
     DebugOpt,
+    HeldSignals,
     Out,
     OverridesArg,
     ProgressEveryOpt,
@@ -86,6 +87,15 @@ def render(
     out = Out(quiet=quiet or not writer, stdout_is_video="-" in (live or ()), stdout_is_json=progress == "json")
     shown = progress_choice(progress if writer else "none", quiet=out.quiet, terminal=out.console.is_terminal)
 
+    def _request(cfg):
+        from avatar_render.api import LiveOptions, RenderRequest
+        from avatar_render.io.audio_stream import is_stream
+
+        options = LiveOptions(targets=tuple(live or ()), serve=serve, underrun=underrun, preroll_s=preroll,
+                              buffer_s=live_buffer, retry_s=live_retry, linger_s=serve_linger)
+        return RenderRequest(reference=ref, audio=audio if is_stream(audio) else Path(audio), output=output,
+                             config=cfg, force=force, report=report, resume=resume, config_file=config, live=options)
+
     def run() -> None:
         given = list(overrides or ())
         if live_gop is not None:  # the old name of the one keyframe knob
@@ -97,23 +107,21 @@ def render(
         cfg = read_config(out, config, given, seed=seed)
         if output is None and not live and serve is None:
             raise AvatarRenderError("Give an output file (-o), a live target (--live) or --serve.")
-        if not dry_run:  # (the backend's set-up work in threads while the library is imported)
-            start_early(cfg, ref)
-        from avatar_render.api import LiveOptions, RenderRequest, RenderStopped, StopNow, StopSignals, stopping_notice
-        from avatar_render.api import render as render_video
-
-        options = LiveOptions(targets=tuple(live or ()), serve=serve, underrun=underrun, preroll_s=preroll,
-                              buffer_s=live_buffer, retry_s=live_retry, linger_s=serve_linger)
-        from avatar_render.io.audio_stream import is_stream
-
-        source = audio if is_stream(audio) else Path(audio)
-        request = RenderRequest(reference=ref, audio=source, output=output, config=cfg, force=force, report=report,
-                                resume=resume, config_file=config, live=options)
+        _check_address(audio)
         if dry_run:
-            _show_plan(out, request, json_lines=shown == "json")
+            _show_plan(out, _request(cfg), json_lines=shown == "json")
             return
+        with HeldSignals() as held:  # (a Ctrl-C here stops the render before its first chunk)
+            start_early(cfg, ref)  # (the backend's set-up work in threads while the library is imported)
+            from avatar_render.api import RenderStopped, StopNow, StopSignals, stopping_notice
+            from avatar_render.api import render as render_video
+            from avatar_render.io.audio_stream import is_stream
+
+        session = is_stream(audio)
+        request = _request(cfg)
         on_message = lambda level, text: {"warning": out.warn, "notice": out.notice}.get(level, out.info)(text)  # noqa: E731
-        stopping = StopSignals(on_first=lambda signum: out.warn(stopping_notice(signum, session=is_stream(audio))))
+        stopping = StopSignals(on_first=lambda signum: out.warn(stopping_notice(signum, session=session)),
+                               signum=held.first)
         try:
             with stopping, RenderProgress(out, shown, progress_every) as on_progress:
                 result = render_video(request, on_progress=on_progress, on_message=on_message, should_stop=stopping)
@@ -148,6 +156,17 @@ def _show_plan(out: Out, request, *, json_lines: bool) -> None:
     for key, value in plan.rows():
         out.notice(f"{key + ':':13}{value}")
     out.notice("Dry run: nothing was written.")
+
+
+def _check_address(audio: str) -> None:
+    """Refuse an --audio that is a web address other than a listener's (read as a path, its // would fold to /)."""
+    from avatar_render.io.audio_stream import NETWORK, is_stream
+
+    scheme = audio.split("://", 1)[0]
+    if "://" in audio and scheme.isascii() and scheme.isalpha() and not is_stream(audio):
+        raise AvatarRenderError(
+            f"--audio '{audio}' is a web address; give a local file, - (standard input), post: (audio sent to "
+            f"--serve) or a listener to receive it ({', '.join(n + '...' for n in NETWORK)}).")
 
 
 def start_early(cfg, ref: Path) -> None:

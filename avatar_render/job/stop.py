@@ -55,16 +55,29 @@ def stopping_notice(signum: int, *, session: bool = False) -> str:
 
 class StopSignals:
     """A context manager for the main thread: while active, the first SIGINT/SIGTERM only records a
-    stop request (``stop()`` turns true, ``on_first(signum)`` is called), a second raises StopNow.
-    Elsewhere than in the main thread it installs nothing."""
+    stop request (``stop()`` turns true, and the first ``stop()`` to see it calls ``on_first(signum)``), a
+    second raises StopNow. Elsewhere than in the main thread it installs nothing; nor for a signal the process
+    ignores.
 
-    def __init__(self, on_first: Optional[Callable[[int], None]] = None) -> None:
-        self.signum: Optional[int] = None
+    The handler itself does nothing more than record: it runs between two steps of whatever the main thread was
+    doing, an import among them, and anything that imports or prints from there (a console may import as it
+    prints) can break the interpreter's bookkeeping of that import."""
+
+    def __init__(self, on_first: Optional[Callable[[int], None]] = None, *, signum: Optional[int] = None) -> None:
+        self.signum: Optional[int] = signum  # (given: a signal that came before, taken as the first)
         self._on_first = on_first
+        self._told = False
+        self._telling = threading.Lock()  # (never taken in the handler)
         self._previous: dict[int, object] = {}
 
     def __call__(self) -> bool:
-        return self.signum is not None
+        signum = self.signum
+        if signum is not None and self._on_first is not None and not self._told:
+            with self._telling:
+                tell, self._told = not self._told, True
+            if tell:
+                self._on_first(signum)
+        return signum is not None
 
     @property
     def exit_code(self) -> int:
@@ -75,13 +88,14 @@ class StopSignals:
         if self.signum is not None:
             raise StopNow(signum)
         self.signum = signum
-        if self._on_first is not None:
-            self._on_first(signum)
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
-                self._previous[s] = signal.signal(s, self._handle)
+                # A signal the process was started with ignored (a script's background job: its SIGINT) stays
+                # ignored, as it is from the process's first moment, not only until the render begins.
+                if signal.getsignal(s) is not signal.SIG_IGN:
+                    self._previous[s] = signal.signal(s, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
