@@ -4,7 +4,7 @@ decoder made (0.2-0.4 s), each in a thread (``preview.ahead``). Both let go of t
 were on the path to the first frame. The set-up takes what was made: the face when the image it was found
 in is the image it renders, for the same ``face.index`` and landmark model (else, and with a face box or
 after a failure, it looks again, as before); the decoder as it is (its settings are fixed). This module
-imports nothing heavy until its threads run."""
+imports nothing heavy until its threads run, but OpenCV (see ``start``)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ def start(cfg: Any, reference: Path) -> None:
     """Start looking for the face of the image ``reference`` as ``cfg`` asks for it (unless ``face.box``
     places it) and making the phone recogniser's decoder (when ``preview.phones`` is on)."""
     if not cfg.face.box:
+        # OpenCV imported here, before the thread: its loader takes its module out of sys.modules while it loads the
+        # binary, and a thread importing it meanwhile was handed the bare binary module, without cv2.data (about
+        # one render in 60 failed so). The library imports it anyway; in one thread it loads whole.
+        import cv2  # noqa: F401
+
         index, landmarks = cfg.face.index, cfg.face.landmarks
         ahead.begin(ahead.FACE, lambda: _find_face(Path(reference), index, landmarks))
     if cfg.preview.phones:
