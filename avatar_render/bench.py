@@ -3,6 +3,7 @@ own process so that peak memory is measured per render; collect the reports, wri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -16,7 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from avatar_render.config import FILE_GOP_S
+from avatar_render.config import EVEN_SIDE, FILE_GOP_S, MAX_SIDE
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import os_reason, shown
 from avatar_render.files.read import read_json, regular_file
@@ -29,7 +30,6 @@ DEFAULT_DURATIONS = (10.0, 60.0, 600.0)
 DEFAULT_SIZES = ((256, 256), (512, 512))
 DEFAULT_BACKENDS = ("preview",)
 MAX_SECONDS = 24 * 3600  # the longest audio a benchmark case renders (its WAV is written first)
-MAX_SIDE = 8192
 BENCH = "bench"  # the kind of file bench.json is (files.targets.signature)
 PLOTS = ("bench_memory.png", "bench_fps.png", "bench_stages.png")
 
@@ -131,12 +131,30 @@ def _encode_only(video: Path, config: dict) -> dict:
 
 
 def check_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir: Path,
-                json_path: Optional[Path], config: Path | None, force: bool) -> None:
+                json_path: Optional[Path], config: Path | None, force: bool) -> bool:
     """Everything a benchmark writes, checked before its first render: the folder, each case's report,
     bench.json and the plots (replaced only if bench wrote them, or with ``force``), and room for the
-    longest case's audio in the temporary folder."""
+    longest case's audio in the temporary folder. Whether it made the folder (gone again if a check fails)."""
+    made = check_folder(out_dir, what="benchmark folder", create=True)
+    try:
+        _check_bench(cases, reference=reference, speech=speech, out_dir=out_dir, json_path=json_path, config=config,
+                     force=force)
+    except BaseException:
+        if made:
+            remove_empty(out_dir)
+        raise
+    return made
+
+
+def remove_empty(folder: Path) -> None:
+    """``folder`` removed if nothing is in it (one a command made, when it fails before writing there)."""
+    with contextlib.suppress(OSError):
+        Path(folder).rmdir()
+
+
+def _check_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir: Path,
+                 json_path: Optional[Path], config: Path | None, force: bool) -> None:
     inputs = Inputs({"reference file": reference, "speech file": speech, "config file": config})
-    check_folder(out_dir, what="benchmark folder", create=True)
     reports = Path(out_dir) / "reports"
     for path in [Path(json_path or Path(out_dir) / "bench.json"), *(Path(out_dir) / name for name in PLOTS)]:
         kind = PLOT if path.suffix == ".png" and path.parent == Path(out_dir) else BENCH
@@ -168,18 +186,24 @@ def run_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir:
     audio and video live in a temporary folder only while it runs."""
     results = []
     reports = Path(out_dir) / "reports"
+    made = [folder for folder in (reports, Path(out_dir)) if not folder.exists()]
     try:
         make_folder(reports)
     except OSError as e:
         raise AvatarRenderError(f"Cannot create the benchmark folder {shown(reports)}: {os_reason(e)}.") from None
-    with temp_folder("avatar-render-bench-") as workdir:
-        for case in cases:
-            rep = run_case(case, reference=reference, speech=speech, workdir=workdir,
-                           report=reports / report_name(case), overrides=overrides, config=config, force=force)
-            row = summarize(rep, backend=case.backend)
-            results.append(row)
-            if on_result:
-                on_result(case, row)
+    try:
+        with temp_folder("avatar-render-bench-") as workdir:
+            for case in cases:
+                rep = run_case(case, reference=reference, speech=speech, workdir=workdir,
+                               report=reports / report_name(case), overrides=overrides, config=config, force=force)
+                row = summarize(rep, backend=case.backend)
+                results.append(row)
+                if on_result:
+                    on_result(case, row)
+    except BaseException:
+        for folder in made:
+            remove_empty(folder)
+        raise
     return results
 
 
@@ -257,8 +281,8 @@ def parse_matrix(durations: str, sizes: str, backends: str) -> list[BenchCase]:
     if not secs or not all(0 < s <= MAX_SECONDS for s in secs):  # (NaN fails every comparison)
         raise AvatarRenderError(f"--durations takes positive numbers of seconds up to {MAX_SECONDS} (24 hours), "
                                 "like 10,60.")
-    if not dims or any(len(d) != 2 or not all(0 < v <= MAX_SIDE for v in d) for d in dims):
-        raise AvatarRenderError(f"--sizes takes sizes like 512x512, each side from 1 to {MAX_SIDE} pixels.")
+    if not dims or any(len(d) != 2 or not all(16 <= v <= MAX_SIDE and v % 2 == 0 for v in d) for d in dims):
+        raise AvatarRenderError(f"--sizes takes sizes like 512x512, each side {EVEN_SIDE} pixels (as a render's).")
     if not names:
         raise AvatarRenderError("--backends takes backend names like preview.")
     return bench_matrix(secs, dims, names)

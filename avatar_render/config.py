@@ -35,7 +35,7 @@ TIMINGS = ("loop", "hold", "trim")  # a video reference against longer or shorte
 PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 MAX_SEED = 2**64 - 1  # the largest seed torch.Generator.manual_seed takes
 MAX_SIDE = 16384  # libx264's largest frame width or height
-_EVEN_SIDE = f"an even number from 16 to {MAX_SIDE}"
+EVEN_SIDE = f"an even number from 16 to {MAX_SIDE}"
 _MAX_YAML_BYTES = 1 << 20  # a config file is a few hundred bytes; anything this large is the wrong file
 
 
@@ -409,8 +409,8 @@ def validate(cfg: Config) -> None:
         (cfg.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}"),
         (0 <= cfg.seed <= MAX_SEED, "seed", f"must be a whole number from 0 to {MAX_SEED}"),
         (cfg.video.preset in PRESETS, "video.preset", f"must be one of {', '.join(PRESETS)}"),
-        (16 <= cfg.video.width <= MAX_SIDE and cfg.video.width % 2 == 0, "video.width", f"must be {_EVEN_SIDE}"),
-        (16 <= cfg.video.height <= MAX_SIDE and cfg.video.height % 2 == 0, "video.height", f"must be {_EVEN_SIDE}"),
+        (16 <= cfg.video.width <= MAX_SIDE and cfg.video.width % 2 == 0, "video.width", f"must be {EVEN_SIDE}"),
+        (16 <= cfg.video.height <= MAX_SIDE and cfg.video.height % 2 == 0, "video.height", f"must be {EVEN_SIDE}"),
         (cfg.video.width * cfg.video.height <= 4096 * 4096, "video.width",
          "times video.height must not exceed 4096x4096"),
         (0 <= cfg.video.crf <= 51, "video.crf", "must be between 0 and 51"),

@@ -90,11 +90,17 @@ def test_bench_cli_reports_an_unknown_backend(tmp_path, face_png):
     (["--durations", "1", "2"], "'2' is not a key=value override; --durations, --sizes and --backends take "
                                 "comma-separated lists (--durations 10,60,600)."),
     (["--durations", "1", "nosuch.key=3"], "Unknown config key 'nosuch'."),
+    # (a size a render refuses is refused by bench too, before it makes anything)
+    (["--durations", "1", "--sizes", "17x17"], "--sizes takes sizes like 512x512, each side an even number from 16"),
+    # (the folder bench made is gone again when the speech, or its first render, fails)
+    (["--durations", "1", "--speech", "{face}"], "must be a non-empty 16-bit PCM WAV"),
+    (["--durations", "1", "--backends", "nope"], "benchmark render failed: Config key 'backend' must be one of"),
 ])
 def test_bench_cli_refuses_stray_arguments_and_bad_overrides_before_rendering(tmp_path, face_png, extra, said):
     speech = write_audio(tmp_path / "talk.wav", speech_like(1.0, 16000), 16000)
     done = subprocess.run([sys.executable, "-m", "avatar_render", "bench", "--sizes", "96x96", "--ref", str(face_png),
-                           "--speech", str(speech), "--out", str(tmp_path / "r"), *extra],
+                           "--speech", str(speech), "--out", str(tmp_path / "r"),
+                           *(e.replace("{face}", str(face_png)) for e in extra)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "Traceback" not in done.stderr and said in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()  # before anything ran

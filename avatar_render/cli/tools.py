@@ -83,7 +83,7 @@ def bench(
     out = Out()
 
     def run() -> None:
-        from avatar_render.bench import check_bench, parse_matrix, run_bench, write_results
+        from avatar_render.bench import check_bench, parse_matrix, remove_empty, run_bench, write_results
 
         cases = parse_matrix(durations, sizes, backends)
         stray = next((item for item in overrides or () if "=" not in item), None)
@@ -95,8 +95,8 @@ def bench(
             if not os.path.lexists(path):
                 raise AvatarRenderError(
                     f"'{path}' does not exist (run from the project folder, or pass --ref/--speech).")
-        check_bench(cases, reference=ref, speech=speech, out_dir=out_dir, json_path=json_out, config=config,
-                    force=force)
+        made = check_bench(cases, reference=ref, speech=speech, out_dir=out_dir, json_path=json_out, config=config,
+                           force=force)
         table = Table("backend", "audio", "size", "frames", "load", "1st frame", "1st sampled", "fps", "x real",
                       "encode x", "ratio", "peak MB", "MB chunk 1/last", box=box.SIMPLE_HEAD,
                       caption="load: reading the weights; 1st frame: seconds after the inputs were ready "
@@ -124,8 +124,13 @@ def bench(
                           f"{row['encode_ratio']:.2f}", f"{row['peak_rss_mb']:.0f}",
                           f"{row['rss_mb_first_chunk']:.0f} / {row['rss_mb_last_chunk']:.0f}")
 
-        results = run_bench(cases, reference=ref, speech=speech, out_dir=out_dir, overrides=tuple(overrides or ()),
-                            on_result=show, config=config, force=force)
+        try:
+            results = run_bench(cases, reference=ref, speech=speech, out_dir=out_dir,
+                                overrides=tuple(overrides or ()), on_result=show, config=config, force=force)
+        except BaseException:
+            if made:  # (a failed first case leaves no folder of its own behind)
+                remove_empty(out_dir)
+            raise
         out.table(table)
         for path in write_results(results, out_dir, json_path=json_out):
             out.info(f"Wrote {path}")
