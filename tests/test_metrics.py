@@ -346,6 +346,16 @@ def test_inspect_cli_without_report_and_bad_input(small_render, tmp_path):
     assert done.returncode == 1 and "chunk plan" in done.stderr
 
 
+def test_without_a_face_no_blink_rate_is_made_up(tmp_path):
+    """No face found: the eyes' places are a guess, and what flickers there is not a blink (a small render read
+    120 blinks a minute so)."""
+    rng = np.random.default_rng(0)
+    frames = (np.full((96, 96, 3), 110, np.uint8) + rng.integers(0, 30, (96, 96, 3), dtype=np.uint8) for _ in range(50))
+    result = inspect_video(write_video(tmp_path / "noface.mp4", frames))
+    assert not result.face_found
+    assert {m: (v, d) for m, v, d in summary_rows(result)}["blink rate"][0] == "n/a"
+
+
 def test_inspect_of_a_still_image_says_nothing_but_its_table(face_png):
     """A still picture is a video of one frame: no blink noise to read from frame to frame, and no warning of
     numpy's printed for it."""

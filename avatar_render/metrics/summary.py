@@ -56,7 +56,10 @@ def summary_rows(r: InspectResult) -> list[tuple[str, str, str]]:
                      f"movement during {m.silence_s:.1f} s of silence, against speech (0% = still)"
                      if m.silence_motion is not None else "too little silence in the audio to tell"))
     b = r.blinks
-    rows.append(("blink rate", f"{b.per_minute:.1f} /min", f"{b.count} blinks"))
+    if r.face_found:
+        rows.append(("blink rate", f"{b.per_minute:.1f} /min", f"{b.count} blinks"))
+    else:  # (the eyes' places were guessed: what changed there is no blink; pass --ref to find the face)
+        rows.append(("blink rate", "n/a", "no face was found, so the eyes are not known (pass --ref REFERENCE)"))
     h = r.head
     rows.append(("head motion", f"{h.speed_mean:.3f} fw/s",
                  f"mean speed in face widths ({h.face_width_px:.0f} px) per second; jerk {h.jerk_rms:.1f} fw/s³, "
