@@ -3,7 +3,6 @@ own process so that peak memory is measured per render; collect the reports, wri
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -22,7 +21,14 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import os_reason, shown
 from avatar_render.files.read import read_json, regular_file
 from avatar_render.files.targets import Inputs, check_folder, check_target, signature
-from avatar_render.files.write import create_new, make_folder, remove, replace_atomically, temp_folder
+from avatar_render.files.write import (
+    create_new,
+    make_folder,
+    remove,
+    remove_empty_folder,
+    replace_atomically,
+    temp_folder,
+)
 from avatar_render.metrics.inspect import PLOT
 from avatar_render.telemetry import REPORT
 
@@ -141,15 +147,9 @@ def check_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_di
                      force=force)
     except BaseException:
         if made:
-            remove_empty(out_dir)
+            remove_empty_folder(out_dir)
         raise
     return made
-
-
-def remove_empty(folder: Path) -> None:
-    """``folder`` removed if nothing is in it (one a command made, when it fails before writing there)."""
-    with contextlib.suppress(OSError):
-        Path(folder).rmdir()
 
 
 def _check_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir: Path,
@@ -202,7 +202,7 @@ def run_bench(cases: list[BenchCase], *, reference: Path, speech: Path, out_dir:
                     on_result(case, row)
     except BaseException:
         for folder in made:
-            remove_empty(folder)
+            remove_empty_folder(folder)
         raise
     return results
 

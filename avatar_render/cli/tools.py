@@ -83,7 +83,8 @@ def bench(
     out = Out()
 
     def run() -> None:
-        from avatar_render.bench import check_bench, parse_matrix, remove_empty, run_bench, write_results
+        from avatar_render.bench import check_bench, parse_matrix, run_bench, write_results
+        from avatar_render.files.write import remove_empty_folder
 
         cases = parse_matrix(durations, sizes, backends)
         stray = next((item for item in overrides or () if "=" not in item), None)
@@ -129,7 +130,7 @@ def bench(
                                 overrides=tuple(overrides or ()), on_result=show, config=config, force=force)
         except BaseException:
             if made:  # (a failed first case leaves no folder of its own behind)
-                remove_empty(out_dir)
+                remove_empty_folder(out_dir)
             raise
         out.table(table)
         for path in write_results(results, out_dir, json_path=json_out):

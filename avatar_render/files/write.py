@@ -90,6 +90,12 @@ def remove_tree(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def remove_empty_folder(folder: Path) -> None:
+    """Remove a folder this program made, if nothing is in it (a command that fails before writing there)."""
+    with contextlib.suppress(OSError):
+        Path(folder).rmdir()
+
+
 def make_folder(path: Path, *, parents: bool = False) -> bool:
     """Create the folder ``path`` (and, with ``parents``, the missing folders above it); whether it
     was made now. A folder already there is kept; anything else there raises FileExistsError."""
