@@ -67,6 +67,24 @@ def test_batch_dry_run_says_what_each_job_would_do_and_writes_nothing(d):
     assert snapshot(d, mtimes=True) == before  # not even the output folder
 
 
+def test_batch_dry_run_lists_the_files_no_job_takes(d):
+    """As the real run warns of each file of the folder left without a partner, so does the dry run."""
+    jobs = d / "jobs"
+    jobs.mkdir()
+    (jobs / "a.png").write_bytes((d / "face.png").read_bytes())
+    (jobs / "a.wav").write_bytes((d / "talk.wav").read_bytes())
+    (jobs / "orphan.wav").write_bytes((d / "talk.wav").read_bytes())
+    (jobs / "lonely.png").write_bytes((d / "face.png").read_bytes())
+    done = cli("batch", jobs, "--out", d / "out", "--dry-run", "--progress", "json", *SMALL)
+    assert done.returncode == 0, done.stderr
+    plans = {p["name"]: p for p in map(json.loads, done.stdout.splitlines())}
+    assert plans["a"]["action"] == "render"
+    assert plans["orphan.wav"]["action"] == plans["lonely.png"]["action"] == "unused"
+    assert "no partner of the same name" in plans["orphan.wav"]["reason"]
+    text = cli("batch", jobs, "--out", d / "out", "--dry-run", *SMALL)
+    assert "1 of 1 jobs to render" in text.stdout and "orphan.wav" in text.stdout, text.stdout
+
+
 def test_dry_runs_name_the_transcript_and_what_is_done_with_it(d):
     """--transcript (preview.transcript) in the render's plan: its words, a name the dictionary lacks; a batch
     folder's transcript of a job's stem in its plan; a missing one refused as the render would."""

@@ -10,6 +10,7 @@ from typing import Optional
 from avatar_render.api import render_paths
 from avatar_render.backends import backend
 from avatar_render.batch.run import BatchRequest, plan_batch
+from avatar_render.batch.sources import TRANSCRIPT_SUFFIXES
 from avatar_render.config import load_config
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import shown
@@ -21,7 +22,7 @@ from avatar_render.preview.script import read_transcript
 @dataclass(frozen=True)
 class JobPlan:
     name: str
-    action: str  # render | resume | skip | fail
+    action: str  # render | resume | skip | fail; unused: a file of the folder no job takes (not a job)
     reason: str  # skip: why; fail: the sentence the job would fail with; render, resume: its transcript, if any
     frames: Optional[int]  # from the audio's metadata
 
@@ -58,4 +59,8 @@ def dry_run_batch(request: BatchRequest) -> tuple[JobPlan, ...]:
             continue
         said = f"the words of {shown(Path(words).name)}" if words else ""
         plans.append(JobPlan(job.name, "resume" if resumes else "render", said, frames))
+    for path in plan.unpaired:  # (the real run warns of each)
+        why = ("its job has more than one transcript and renders without" if path.suffix.lower() in TRANSCRIPT_SUFFIXES
+               else "no partner of the same name, or more than one: not rendered")
+        plans.append(JobPlan(path.name, "unused", why, None))
     return tuple(plans)

@@ -56,6 +56,9 @@ class JobSpec:
         return JobSpec(**{**data, "overrides": tuple(data.get("overrides", ()))})
 
 
+ELSEWHERE = "another batch into this folder is rendering it right now"  # the reason a job is skipped so
+
+
 @dataclass(frozen=True)
 class Outcome:
     job: Job

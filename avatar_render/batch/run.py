@@ -15,7 +15,7 @@ import avatar_render.batch.ledger as ledger_mod
 from avatar_render.api import render_paths
 from avatar_render.backends import backend
 from avatar_render.batch.events import JobFinished, OnEvent, Planned
-from avatar_render.batch.jobs import Job, JobSpec, Outcome
+from avatar_render.batch.jobs import ELSEWHERE, Job, JobSpec, Outcome
 from avatar_render.batch.ledger import Decision, Ledger, batch_dir, own_batch_dir, own_folder
 from avatar_render.batch.locks import JobLocks
 from avatar_render.batch.pool import LocalPool, Task
@@ -157,8 +157,7 @@ def _run_locked(request: BatchRequest, plan: BatchPlan, locks: JobLocks, *, out:
         decision = plan.decisions[job.key]
         if decision.action != "skip":
             if not locks.take(job.key):
-                outcomes[job.key] = Outcome(job, "skipped", reason="another batch into this folder is rendering it "
-                                                                   "right now")
+                outcomes[job.key] = Outcome(job, "skipped", reason=ELSEWHERE)
                 continue
             # decided again now that the job is ours: another batch may have finished it meanwhile
             decision = ledger.decide(job, plan.identities[job.key]["identity"],

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from avatar_render.batch.events import Event, JobFinished, JobMessage, JobProgress, JobStarted, Planned, Stopping
-from avatar_render.batch.jobs import Outcome
+from avatar_render.batch.jobs import ELSEWHERE, Outcome
 from avatar_render.batch.sources import TRANSCRIPT_SUFFIXES
 from avatar_render.progress import Figures, Ticker, clock
 
@@ -92,7 +92,10 @@ class BatchView:
                 self.warn(f"not paired, not rendered: {path.name} (no partner of the same name, or more than one)")
         for o in p.refused:
             self.warn(f"{o.job.name}: {o.reason}")
-        skipped = f", {len(p.skipped)} already done" if p.skipped else ""
+        elsewhere = sum(o.reason == ELSEWHERE for o in p.skipped)
+        done = len(p.skipped) - elsewhere
+        skipped = (f", {done} already done" if done else "") + (
+            f", {elsewhere} being rendered by another batch into this folder" if elsewhere else "")
         side_by_side = f", {p.workers} at a time" if p.workers and p.to_run else ""
         self.info(f"{len(p.to_run)} jobs to render{skipped}{side_by_side} on {p.where}.")
         self.total = len(p.to_run)

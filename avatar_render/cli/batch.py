@@ -42,7 +42,8 @@ def _show_batch_plan(out: Out, request, *, json_lines: bool) -> None:
         out.table(table)
         to_run = [p for p in plans if p.action in ("render", "resume")]
         frames = sum(p.frames or 0 for p in to_run)
-        out.notice(f"Dry run: {len(to_run)} of {len(plans)} jobs to render ({frames} frames), "
+        jobs = sum(p.action != "unused" for p in plans)
+        out.notice(f"Dry run: {len(to_run)} of {jobs} jobs to render ({frames} frames), "
                    f"{failing} would fail; nothing was written.")
     if failing:
         raise typer.Exit(1)
