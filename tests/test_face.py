@@ -401,6 +401,21 @@ def test_setup_leaves_installed_models_in_place(tmp_path: Path) -> None:
     assert done.returncode == 0 and "already in place" in done.stdout  # nothing downloaded
 
 
+def test_setup_without_the_package_index_says_so_in_one_line_and_leaves_no_folder(tmp_path: Path) -> None:
+    """pip's retries and errors are not the user's to read: one sentence, and the --dest folder it made is gone."""
+    import os
+
+    closed = {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "1", "PIP_NO_CACHE_DIR": "1",
+              "PIP_TIMEOUT": "5"}  # (a port nothing listens on, on this machine)
+    done = subprocess.run([sys.executable, "-m", "avatar_render", "setup", "--dest", str(tmp_path / "models")],
+                          capture_output=True, text=True, env={**os.environ, **closed}, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "Error: pip could not download mediapipe==0.10.21 (the package index could not be reached: is this machine "
+        "offline?); the preview uses its template mesh until this step succeeds."], done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_setup_refuses_a_dest_that_is_not_a_folder(tmp_path: Path) -> None:
     afile = tmp_path / "afile"
     afile.write_bytes(b"x")

@@ -20,7 +20,14 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.face import finder
 from avatar_render.face.landmarks import MODEL_FILE, MODEL_SHA256, model_search_paths
 from avatar_render.files.targets import check_folder
-from avatar_render.files.write import make_folder, remove, replace_atomically, temp_beside, temp_folder
+from avatar_render.files.write import (
+    make_folder,
+    remove,
+    remove_empty_folder,
+    replace_atomically,
+    temp_beside,
+    temp_folder,
+)
 
 WHEEL = "mediapipe==0.10.21"
 WHAT = f"MediaPipe's face mesh and face detection models (Apache-2.0) from {WHEEL}"  # what a fresh install says
@@ -51,8 +58,7 @@ def default_folder() -> Path:
 def install_model(dest: Path | None = None) -> tuple[Path, bool]:
     """Put the models into ``dest`` (default: ``default_folder()``) -> (the landmark model's path, whether they were
     downloaded now)."""
-    if dest is not None:
-        check_folder(Path(dest), what="folder for the face models (--dest)", create=True)
+    made = dest is not None and check_folder(Path(dest), what="folder for the face models (--dest)", create=True)
     dest = Path(dest) if dest is not None else default_folder()
     target = dest / MODEL_FILE
     if all(_intact(dest / name, digest) for _, name, digest in MODELS):
@@ -60,9 +66,13 @@ def install_model(dest: Path | None = None) -> tuple[Path, bool]:
     with temp_folder() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "--only-binary=:all:", *PLATFORM,
                "--dest", str(tmp), "--quiet", "--disable-pip-version-check"]
-        if subprocess.run(cmd).returncode != 0:
+        done = subprocess.run(cmd, capture_output=True, text=True)  # (pip's retries and errors, one sentence)
+        if done.returncode != 0:
+            if made:
+                remove_empty_folder(dest)
             raise AvatarRenderError(
-                f"pip could not download {WHEEL}; the preview uses its template mesh until this step succeeds."
+                f"pip could not download {WHEEL} ({_why(done.stderr)}); the preview uses its template mesh until this "
+                "step succeeds."
             )
         wheel = next(tmp.glob("*.whl"))
         with zipfile.ZipFile(wheel) as z:
@@ -77,6 +87,14 @@ def install_model(dest: Path | None = None) -> tuple[Path, bool]:
     if licence:
         replace_atomically(dest / "face_landmark.LICENSE", licence)
     return target, True
+
+
+def _why(said: str) -> str:
+    """pip's failure in a few words: the index unreachable, or its last error line."""
+    if any(w in said for w in ("NameResolution", "Failed to establish a new connection", "Network is unreachable")):
+        return "the package index could not be reached: is this machine offline?"
+    errors = [line.removeprefix("ERROR:").strip() for line in said.splitlines() if line.startswith("ERROR:")]
+    return errors[-1].rstrip(".") if errors else f"pip said: {said.strip()[-200:] or 'nothing'}"
 
 
 def _intact(path: Path, digest: str) -> bool:
