@@ -47,6 +47,13 @@ def test_the_old_live_gop_option_sets_the_one_keyframe_knob_and_says_so(tmp_path
     assert "--live-gop" not in cli("render", "--help").stdout
 
 
+def test_version():
+    from importlib.metadata import version
+
+    done = cli("--version")
+    assert done.returncode == 0 and done.stdout == f"avatar-render {version('avatar-render')}\n", done.stdout
+
+
 @pytest.mark.slow
 def test_bad_inputs(tmp_path, face_png, speech):
     text_png = tmp_path / "notes.png"

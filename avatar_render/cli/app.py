@@ -22,6 +22,23 @@ from avatar_render.tables import fitted
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Render long talking-avatar videos from a reference image and an audio track.")
 
+def _version(shown: bool) -> None:
+    if shown:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"avatar-render {version('avatar-render')}")
+        except PackageNotFoundError:  # (run from a checkout that was never installed)
+            typer.echo("avatar-render (not installed: run from its source folder)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", help="Print the version and exit.", callback=_version, is_eager=True)] = False) -> None:
+    """Render long talking-avatar videos from a reference image and an audio track."""
+
+
 ConfigOpt = Annotated[Optional[Path], typer.Option(
     "-c", "--config", help="YAML config (default: the embedded preview config).")]
 OverridesArg = Annotated[Optional[list[str]], typer.Argument(
