@@ -269,6 +269,13 @@ def jobs(d):
     return d
 
 
+def test_a_batch_reference_that_is_no_picture_is_refused_before_any_job(jobs):
+    """``--ref`` is every job's reference: an audio file given there is refused once, not by each job in turn."""
+    refused(cli("batch", str(jobs / "in"), "--ref", str(jobs / "in" / "a.wav"), "--out", str(jobs / "out"), *TINY),
+            "has no video stream to take the face from")
+    assert not (jobs / "out").exists()
+
+
 @pytest.mark.parametrize("force", [False, True])
 @pytest.mark.parametrize("output, words", [
     ("../precious.mp4", "is outside the output folder"),

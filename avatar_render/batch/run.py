@@ -28,6 +28,7 @@ from avatar_render.files.names import os_reason, shown
 from avatar_render.files.targets import check_folder, check_target
 from avatar_render.files.write import make_folder, remove
 from avatar_render.io.audio import estimated_seconds
+from avatar_render.io.reference import open_reference
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ def plan_batch(request: BatchRequest) -> BatchPlan:
         )
     config = Path(request.config).resolve() if request.config else None
     base = load_config(config, request.overrides)
+    if request.ref is not None:  # (the one reference of every job: refused once, before any job, if it is none)
+        open_reference(Path(request.ref), fps=base.fps, timing=base.reference.timing)
     listed = load_jobs(Path(request.source), out_dir=out.resolve(), ref=request.ref)
     configs: dict[tuple[str, ...], Config] = {(): base}
     for job in listed.jobs:  # each distinct set of overrides once
