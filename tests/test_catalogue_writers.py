@@ -307,7 +307,8 @@ def test_batch_never_writes_one_jobs_render_over_another_jobs_input(jobs):
     (lambda d: None, "longer than 64 KB"),
     (lambda d: None, "nested too deeply"),
     (lambda d: None, "not valid JSON"),
-], ids=["symlink loop", "NUL byte", "210 KB cell", "deep nesting", "broken JSON"])
+    (lambda d: None, "the audio is 5, not a file name (give it as a string)"),
+], ids=["symlink loop", "NUL byte", "210 KB cell", "deep nesting", "broken JSON", "a number for a file"])
 def test_batch_manifest_cells_are_one_sentence(jobs, make, words):
     make(jobs)
     rows = {
@@ -316,6 +317,7 @@ def test_batch_manifest_cells_are_one_sentence(jobs, make, words):
         "longer than 64 KB": json.dumps({"ref": "in/a.png", "audio": "in/a.wav", "prompt": "x" * 210_000}),
         "nested too deeply": "[" * 100_000 + "]" * 100_000,
         "not valid JSON": '{"ref": "in/a.png", "audio": ',
+        "the audio is 5, not a file name (give it as a string)": json.dumps({"ref": "in/a.png", "audio": 5}),
     }
     manifest = _manifest(jobs, [rows[words]], name="jobs.jsonl")
     before = snapshot(jobs)

@@ -108,7 +108,10 @@ def _job(row: dict[str, Any], *, where: str, base: Path, out_dir: Path) -> Job:
         value = row.get(key)
         if key == "transcript" and not value:
             continue
-        if not isinstance(value, str) or not value:
+        if value is not None and not isinstance(value, str):  # (a JSON number, list, ...)
+            raise AvatarRenderError(f"{where}: the {key} is {json.dumps(value)[:40]}, not a file name (give it as a "
+                                    "string).")
+        if not value:
             raise AvatarRenderError(f"{where}: the {key} column is empty.")
         try:
             path = regular_file(base / value, what=what, give="a file that exists").resolve()
