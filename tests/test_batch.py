@@ -413,3 +413,24 @@ def test_each_job_under_torchrun_over_several_processes(tmp_path, face_png):
     (job,) = summary(tmp_path / "out")["jobs"]
     assert job["status"] == "done" and job["processes"] == 2 and frames_of(tmp_path / "out" / "t.mp4") == 15
     assert [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []  # (torch's own cache)
+
+
+def test_the_batch_line_counts_a_stopped_job_as_not_finished(tmp_path):
+    """After a Ctrl-C the jobs stopped before their end are not finished: one done of three reads 1/3, its frames
+    against every job's (it read 3/3, 100 %)."""
+    from rich.console import Console
+
+    from avatar_render.batch.events import JobFinished, Planned
+    from avatar_render.batch.jobs import Job, Outcome
+    from avatar_render.batch.view import BatchView
+
+    jobs = tuple(Job(n, tmp_path / "a.png", tmp_path / f"{n}.wav", tmp_path / f"{n}.mp4") for n in "abc")
+    with BatchView(Console(file=open(os.devnull, "w")), warn=lambda t: None, info=lambda t: None, live=False) as view:
+        view.on_event(Planned(to_run=jobs, skipped=(), refused=(), unpaired=(), workers=1, where="this machine",
+                              frames_expected=(100, 100, 100)))
+        view.on_event(JobFinished(Outcome(jobs[0], "done", frames=100)))
+        for job in jobs[1:]:
+            view.on_event(JobFinished(Outcome(job, "stopped", reason="stopped at a keyframe", frames=20)))
+        figures = view.figures()
+    assert (figures.jobs_done, figures.jobs_total) == (1, 3)
+    assert figures.frames_total == 300 and figures.frames_done < 300

@@ -147,7 +147,8 @@ class BatchView:
         line = self.lines.pop(o.job.key, None)
         if line is not None and self.bar is not None:
             self.bar.remove_task(line)
-        if o.job.key in self.totals:  # a job of this run: its frames are final (a failed one's never come)
+        if o.job.key in self.totals and o.status != "stopped":  # a job of this run, finished: its frames are final
+            # (a failed one's never come; a stopped one is not finished, and its frames are still to render)
             self.done[o.job.key] = o.frames if o.status in ("done", "resumed") else self.done.get(o.job.key, 0)
             self.totals[o.job.key] = self.done[o.job.key]
             self.finished += 1
