@@ -327,7 +327,8 @@ def test_batch_manifest_cells_are_one_sentence(jobs, make, words):
 
 
 @pytest.mark.parametrize("cell, words", [("x" * 210_000, "line 2: not a readable CSV row"),
-                                         ("in/a.png\0", "line 2: the ref cell is not text (a NUL byte)")])
+                                         ("in/a.png\0", "line 2: the ref cell is not text (a NUL byte)"),
+                                         ('"in/a.png', "not a readable CSV row (unexpected end of data)")])
 def test_batch_csv_cells_are_one_sentence(jobs, cell, words):
     manifest = _manifest(jobs, ["ref,audio", f"{cell},in/a.wav"])
     refused(cli("batch", str(manifest), "--out", str(jobs / "out")), words)

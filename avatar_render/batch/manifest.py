@@ -56,10 +56,11 @@ def _read(path: Path) -> str:
 
 
 def _csv_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    reader = csv.DictReader(_read(path).splitlines(keepends=True), skipinitialspace=True)
+    # (strict: a quote left open ran to the end of the file as one cell, every row after it swallowed)
+    reader = csv.DictReader(_read(path).splitlines(keepends=True), skipinitialspace=True, strict=True)
     try:
         return _csv_records(path, reader)
-    except csv.Error as e:  # a cell over the csv module's field limit, a NUL byte in the file
+    except csv.Error as e:  # a cell over the csv module's field limit, a NUL byte in the file, a quote left open
         raise AvatarRenderError(f"{path.name} line {reader.line_num + 1}: not a readable CSV row ({e}).") from None
 
 
