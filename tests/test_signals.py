@@ -142,9 +142,11 @@ def test_a_ctrl_c_while_the_command_starts_stops_it_cleanly(face_png, tmp_path, 
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()  # (one stuck is not left behind)
+    # 130, or ended by SIGINT itself, which a shell reports as 130 too: before the interpreter has taken SIGINT over
+    # (saying nothing), and now and then after the line was said (seen once in a full run on a loaded machine)
+    assert proc.returncode in (130, -signal.SIGINT) and "Traceback" not in out + err, (proc.returncode, err)
     if proc.returncode == -signal.SIGINT and not out + err:
-        return  # (it came before the interpreter had taken SIGINT over: the system's own end, which says nothing)
-    assert proc.returncode == 130 and "Traceback" not in out + err, (proc.returncode, err)
+        return
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[:1] == [STARTING[0]] or lines[:1] == [STARTING[1]] and lines[1].startswith("Warning: Stopped"), err
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "a.wav") in ([], ["o.mp4.journal", "o.partial.mp4"])
