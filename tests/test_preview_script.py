@@ -313,6 +313,13 @@ def test_a_name_the_dictionary_lacks_gets_phones_from_its_letters_and_one_line(m
     assert abs((guessed.start + guessed.end) / 2 - (b_of_library.start + b_of_library.end) / 2) < 0.06
 
 
+def test_subtitles_written_by_hand_are_read_for_their_words():
+    """Timings without milliseconds, with fewer digits or no spaces round the arrow: still timings, not words."""
+    srt = ("1\n00:00:01 --> 00:00:03\nGood morning.\n\n2\n0:00:03.5-->0:00:06.25\nWe open at nine.\n\n"
+           "3\n00:06,0 --> 00:08,0\nWelcome.\n")
+    assert [w for w, _ in words_of(srt)] == "good morning we open at nine welcome".split()
+
+
 @needs_sphinx
 def test_subtitles_are_read_for_their_words():
     """An .srt or .vtt of the speech: its cue numbers, timings, headers and tags were words (and numbers)."""

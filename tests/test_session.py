@@ -252,6 +252,10 @@ def test_a_session_cannot_be_resumed_nor_pushed_to_without_serve(tmp_path, face_
         "Error: The audio from standard input is not an audio stream that can be read; give WAV, fragmented MP4, "
         "Ogg, MPEG-TS or raw PCM with audio.raw=FORMAT:RATE:CHANNELS.")
     assert not list(tmp_path.iterdir())
+    empty = _render("--audio", "-", "-o", str(tmp_path / "o.mp4"), stdin=b"", check=False)
+    assert empty.returncode == 1 and empty.stderr.decode().strip() == (
+        "Error: The audio from standard input ended before its first byte: no audio came.")
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_real_time_session_pushes_with_a_shorter_pre_roll_unless_told(face_png):

@@ -105,9 +105,12 @@ class _FdReader:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self.received = 0  # bytes read so far
 
     def read(self, n: int) -> bytes:
-        return os.read(self.fd, n)
+        data = os.read(self.fd, n)
+        self.received += len(data)
+        return data
 
 
 class Pieces:
@@ -205,6 +208,9 @@ class StreamedAudio:
             try:
                 container = self._open()
             except (av.FFmpegError, OSError, ValueError):
+                if self._file is not None and not self._file.received:
+                    raise AvatarRenderError(
+                        f"The audio from {self.name} ended before its first byte: no audio came.") from None
                 raise AvatarRenderError(
                     f"The audio from {self.name} is not an audio stream that can be read; give WAV, "
                     "fragmented MP4, Ogg, MPEG-TS or raw PCM with audio.raw=FORMAT:RATE:CHANNELS.") from None

@@ -17,6 +17,7 @@ from avatar_render.face.landmarks import LandmarkModel, find_model
 from avatar_render.files.names import shown
 from avatar_render.files.render_paths import render_paths
 from avatar_render.io.audio import AudioReader
+from avatar_render.io.audio_length import length_note
 from avatar_render.io.audio_stream import is_stream
 from avatar_render.io.reference import open_reference
 from avatar_render.job.journal import Journal
@@ -56,6 +57,7 @@ class RenderPlan:
     resume_from: Optional[int]  # --resume: the frame the render goes on from (None: from the beginning)
     writes: tuple[str, ...]  # the files and streams it writes
     words: str = ""  # the preview's transcript (preview.transcript), when given: what is done with it
+    warnings: tuple[str, ...] = ()  # what the render would warn of its inputs before it starts
 
     def rows(self) -> list[tuple[str, str]]:
         w, h = self.size
@@ -66,7 +68,8 @@ class RenderPlan:
         return [("backend", self.backend), ("reference", self.reference), ("audio", self.audio),
                 ("frames", frames), ("chunks", f"{chunks}: {self.chunking}"), ("face", self.face),
                 ("face model", self.face_model), *([("words", self.words)] if self.words else []),
-                ("memory", self.memory), ("starts from", start), ("writes", ", ".join(self.writes))]
+                ("memory", self.memory), ("starts from", start), ("writes", ", ".join(self.writes)),
+                *(("warning", text) for text in self.warnings)]
 
 
 def plan_render(request: RenderRequest) -> RenderPlan:
@@ -142,7 +145,8 @@ def plan_render(request: RenderRequest) -> RenderPlan:
         frames=frames, n_chunks=n_chunks, i_chunks=i_chunks,
         chunking=_chunking(sizes, order),
         face=_face(image, cfg), face_model=_face_model(cfg), memory=_memory(cfg, sizes),
-        resume_from=resume_from, writes=tuple(writes), words=_words(cfg, request))
+        resume_from=resume_from, writes=tuple(writes), words=_words(cfg, request),
+        warnings=() if is_stream(request.audio) or (note := length_note(Path(request.audio))) is None else (note,))
 
 
 def _backend(cfg: Config) -> str:

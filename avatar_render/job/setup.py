@@ -15,6 +15,7 @@ from avatar_render.config import Config
 from avatar_render.distributed.device_mesh import Mesh
 from avatar_render.distributed.launch import broadcast
 from avatar_render.io.audio import AudioReader
+from avatar_render.io.audio_length import length_note
 from avatar_render.io.audio_stream import StreamedAudio
 from avatar_render.io.reference import open_reference
 from avatar_render.io.trimmed_audio import TrimmedAudio
@@ -65,7 +66,9 @@ def prepared(cfg: Config, reference: Path, audio: Path | StreamedAudio, mesh: Me
         file = None if isinstance(audio, StreamedAudio) else Path(audio)
         static = pipeline.prepare(request_input(cfg, image, reference, video, file), clock=clock)  # times load, init
         del image
-        notes = (*pipeline.notes, *static.notes, *(() if video is None else video_notes(video, cfg)))
+        length = None if file is None else length_note(file)
+        notes = (*pipeline.notes, *static.notes, *(() if video is None else video_notes(video, cfg)),
+                 *(() if length is None else (length,)))
         yield Prepared(pipeline=pipeline, static=static, audio=reader if limit is None else TrimmedAudio(reader, limit),
                        notes=notes)
 

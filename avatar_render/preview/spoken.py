@@ -20,7 +20,8 @@ from num2words import num2words
 LONGEST_PLAIN, LONGEST_GROUPED = 9, 15
 _CURRENCY = {"$": ("dollar", "dollars"), "€": ("euro", "euros"), "£": ("pound", "pounds")}
 _SIGNS = {"&": "and", "+": "plus", "=": "equals", "@": "at", "°": "degrees", "%": "percent"}
-_CUE_TIMING = re.compile(r"^\s*(\d+:)?\d{1,2}:\d{2}[.,]\d{3}\s*-->.*$", re.MULTILINE)
+# (a cue's start, as the formats write it and as hand-made files do: no milliseconds, or fewer digits)
+_CUE_TIMING = re.compile(r"^\s*(\d+:)*\d+([.,]\d+)?\s*-->.*$", re.MULTILINE)
 _TAG = re.compile(r"<[^>]*>|\{[^}]*\}")  # <i>, <c.yellow>, <v Speaker>, {\an8}
 _TIME = re.compile(r"\b(\d{1,2}):(\d{2})\b")
 _NUMBER = re.compile(r"([$€£])?\s?(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(\.\d+)?(st\b|nd\b|rd\b|th\b)?", re.IGNORECASE)
