@@ -51,6 +51,13 @@ def no_complete_output(d: Path) -> None:
     assert not (d / "out.mp4").exists() or (d / "out.mp4").is_symlink()
 
 
+def _interrupted(d: Path, name: str) -> None:
+    """What an interrupted render of NAME.mp4 leaves (its journal, with the marker, and its partial file)."""
+    (d / f"{name}.mp4.journal").mkdir()
+    (d / f"{name}.mp4.journal" / MARKER).write_text("")
+    (d / f"{name}.partial.mp4").write_bytes(b"frames")
+
+
 CASES = {  # name: (set-up of the folder, extra CLI arguments, words of the one error line)
     "partial is a link to a user's file": (lambda d: os.symlink(d / "mine.txt", d / "out.partial.mp4"), (),
                                            "no resume journal"),
@@ -96,6 +103,14 @@ CASES = {  # name: (set-up of the folder, extra CLI arguments, words of the one 
     "output is a dangling link": (lambda d: os.symlink(d / "gone.mp4", d / "out.mp4"), (),
                                   "is a symbolic link; pass --force"),
     "output is a link to a folder": (lambda d: os.symlink(d / "theirs", d / "out.mp4"), ("--force",), "is a folder"),
+    "output is another render's partial, with --force": (
+        lambda d: _interrupted(d, "other"), ("-o", "{d}/other.partial.mp4", "--force"), "belongs to the render of"),
+    "output in another render's journal, with --force": (
+        lambda d: _interrupted(d, "other"), ("-o", "{d}/other.mp4.journal/x.mp4", "--force"),
+        "belongs to the render of"),
+    "report is another render's partial, with --force": (
+        lambda d: _interrupted(d, "other"), ("--report", "{d}/other.partial.mp4", "--force"),
+        "belongs to the render of"),
     "output name too long for the journal": (lambda d: None, ("-o", "{d}/" + "n" * 246 + ".mp4"), "is too long"),
 }
 
@@ -175,6 +190,54 @@ def test_killed_while_moving_into_place_then_resumed(d):
     resumed = subprocess.run([sys.executable, "-m", "avatar_render", *[a for a in args if a != "-q"], "-o",
                               str(d / "out.mp4"), "--resume"],
                              env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "was complete" in resumed.stdout
+    assert (d / "out.mp4").read_bytes() == (d / "whole.mp4").read_bytes()
+    assert not (d / "out.mp4.journal").exists() and not (d / "out.partial.mp4").exists()
+
+
+# The CLI, killed by SIGKILL at a point of its tidying up after the finished file was put in place (the
+# environment's KILL_AT: "partial", before the partial file is removed; "journal", before the journal's first
+# file is, once it holds the finished file; "complete", before that file is): argv[1:] are the CLI's arguments.
+KILL_IN_TIDY = """
+import os, signal, sys
+from pathlib import Path
+from avatar_render.job import journal, loop
+at = os.environ["KILL_AT"]
+def killing(remove, when):
+    def call(path):
+        if when(Path(path)):
+            os.kill(os.getpid(), signal.SIGKILL)
+        remove(path)
+    return call
+loop.remove = killing(loop.remove, lambda p: at == "partial" and p.name.endswith(".partial.mp4"))
+journal.remove = killing(journal.remove, lambda p: (p.parent / journal.COMPLETE).exists() and (
+    at == "journal" or at == "complete" and p.name == journal.COMPLETE))
+from avatar_render.cli import main
+sys.argv = ["avatar-render", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("at, force", [("partial", False), ("journal", False), ("complete", False),
+                                       ("journal", True)])
+def test_killed_while_tidying_up_then_resumed(d, at, force):
+    """Whatever is left of the journal once the output is in place, --resume finds the output complete, says so
+    and removes the rest (it had refused: the output exists)."""
+    args = ["render", "--ref", str(d / "face.png"), "--audio", str(d / "talk.wav"), *TINY]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KILL_AT": at}
+    whole = subprocess.run([sys.executable, "-m", "avatar_render", *args, "-o", str(d / "whole.mp4")], env=env,
+                           capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr
+    if force:  # (an older video of the user's is replaced)
+        (d / "out.mp4").write_bytes(b"an older video")
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_TIDY, *args, "-o", str(d / "out.mp4"),
+                             *(["--force"] if force else [])], env=env, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert (d / "out.mp4.journal").is_dir() and (d / "out.mp4").read_bytes() == (d / "whole.mp4").read_bytes()
+    resumed = subprocess.run([sys.executable, "-m", "avatar_render", *[a for a in args if a != "-q"], "-o",
+                              str(d / "out.mp4"), "--resume"], env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert "was complete" in resumed.stdout
     assert (d / "out.mp4").read_bytes() == (d / "whole.mp4").read_bytes()

@@ -17,6 +17,7 @@ from typing import Iterable, Optional
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import NO_FOLLOW, kind_of, lstat_or_none, os_reason, shown
+from avatar_render.files.render_paths import owning_render
 from avatar_render.files.write import remove, temp_beside
 
 TEMP_EXTRA = len(".") + len(".XXXXXXXX.tmp")  # what ``temp_beside`` adds to a name
@@ -116,6 +117,11 @@ def check_target(path: Path, *, what: str, force: bool, kind: Optional[str] = No
     check_folder_takes(path, what=what, siblings=siblings)
     if inputs is not None:
         inputs.check(path, what=what)
+    owner = owning_render(path)
+    if owner is not None:  # (not even with force: that render's work would be lost)
+        raise AvatarRenderError(
+            f"{name} belongs to the render of {shown(owner)}, interrupted or running (its resume journal is beside "
+            "it); give another name, or let that render finish (--resume).")
     if st is None or force:
         return path
     if os.path.islink(path):

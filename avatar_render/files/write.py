@@ -75,6 +75,28 @@ def place(src: Path, dst: Path, *, replace: bool) -> None:
         os.unlink(src)
 
 
+def link_into_place(src: Path, dst: Path, *, replace: bool) -> None:
+    """Give our finished file ``src`` the name ``dst`` too (a hard link: ``src`` is kept, so that a command
+    killed before it tidies up can tell that ``dst`` is its own finished file), with ``place``'s rules for
+    what is at ``dst``. Where the file system has no hard links, ``src`` is moved there instead."""
+    try:
+        if not replace:
+            os.link(src, dst, follow_symlinks=False)
+            return
+        temp = temp_beside(dst)
+        os.unlink(temp)  # (its name, free: the link takes it)
+        os.link(src, temp, follow_symlinks=False)
+        try:
+            os.replace(temp, dst)
+        except BaseException:
+            remove(temp)
+            raise
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links on this file system
+        place(src, dst, replace=replace)
+
+
 def remove(path: Path) -> None:
     """Remove a file (or a link: never what it points to) that this program made; nothing if it is
     gone. A folder is never removed here."""

@@ -18,6 +18,7 @@ atomically; a crash at any point leaves the previous commit whole.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -33,6 +34,7 @@ import numpy as np
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import os_reason, shown
+from avatar_render.files.render_paths import JOURNAL_MARKER
 from avatar_render.files.write import (
     create_new,
     make_folder,
@@ -47,7 +49,8 @@ from avatar_render.pipeline.state import Checkpoint, Flat, flatten, unflatten
 from avatar_render.pipeline.types import Published
 
 FORMAT = 3  # 2: commits fall on GOP starts (byte-exact resume); 3: chunks recorded by their encoded video
-MARKER = ".avatar-render-journal"
+MARKER = JOURNAL_MARKER
+COMPLETE = "complete.mp4"  # the finished file, made from the partial one and put in place from here
 NEUTRAL_KEYS = frozenset({"run.queue_chunks", "run.no_face"})  # config keys that cannot change the frames
 _WHOLE_HASH_MAX = 64 << 20  # inputs up to this size are hashed whole; larger ones by samples
 _BLOCK, _BLOCKS = 1 << 20, 16
@@ -265,7 +268,7 @@ class Journal:
                 f"Could not write the resume journal {shown(self.dir)}: {os_reason(exc)}.") from None
 
     def discard(self) -> None:
-        remove_tree(self.dir)
+        remove_journal(self.dir)
 
     def close(self) -> None:
         if self._lock_fd >= 0:
@@ -315,6 +318,27 @@ def _write_atomic(path: Path, head: bytes, blobs: list[np.ndarray] = ()) -> None
             f.write(blob.data)
 
     replace_atomically(path, write)
+
+
+def remove_journal(directory: Path) -> None:
+    """Remove a journal folder of ours: its records first, then the finished file, the marker and the lock last,
+    so that a command killed on the way leaves a journal that still says what it is (``check_ours``) and, once
+    the output is in place, that it was finished (``output.finished_before``)."""
+    if directory.is_symlink():
+        return
+    last = (COMPLETE, MARKER, "lock")
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            if entry.name in last:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                remove_tree(Path(entry.path))
+            else:
+                remove(Path(entry.path))
+    for name in last:
+        with contextlib.suppress(OSError):
+            remove(directory / name)
+    remove_tree(directory)
 
 
 def check_ours(directory: Path) -> None:

@@ -30,7 +30,7 @@ from avatar_render.io.writer import (
     WriterStats,
     remux_faststart,
 )
-from avatar_render.job.journal import ChunkRecord, Commit, Journal, snapshot
+from avatar_render.job.journal import COMPLETE, ChunkRecord, Commit, Journal, snapshot
 from avatar_render.job.live import Live, gop_seconds
 from avatar_render.job.output import move_into_place
 from avatar_render.job.request import Progress, RenderReport, RenderRequest
@@ -221,7 +221,7 @@ class ChunkLoop:
         if self.output is None:
             return stats
         with self.telemetry.stage("write"):
-            complete = self.journal.dir / "complete.mp4"
+            complete = self.journal.dir / COMPLETE
             remux_faststart(self.partial, complete)
         move_into_place(complete, self.output, partial=self.partial, force=self.request.force)
         return stats

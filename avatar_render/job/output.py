@@ -16,9 +16,9 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.files.names import same_file, shown
 from avatar_render.files.render_paths import render_paths
 from avatar_render.files.targets import Inputs, check_target
-from avatar_render.files.write import place, remove, remove_tree
+from avatar_render.files.write import link_into_place, remove
 from avatar_render.io.audio_stream import is_stream
-from avatar_render.job.journal import Journal, check_ours
+from avatar_render.job.journal import COMPLETE, Journal, check_ours, remove_journal
 from avatar_render.telemetry import REPORT
 
 
@@ -73,10 +73,11 @@ def check_partial(output: Path, journal: Optional[Journal]) -> None:
 
 
 def move_into_place(src: Path, dst: Path, *, partial: Path, force: bool) -> None:
-    """Rename ``src`` to ``dst``; without ``force`` never over anything that appeared meanwhile (a
-    link included); with it, whatever is at ``dst`` is replaced as a whole, never written through."""
+    """Put ``src`` at ``dst``, ``src`` kept until the journal it lies in is removed (``finished_before`` tells
+    the finished output by it); without ``force`` never over anything that appeared meanwhile (a link included);
+    with it, whatever is at ``dst`` is replaced as a whole, never written through."""
     try:
-        place(src, dst, replace=force)
+        link_into_place(src, dst, replace=force)
     except FileExistsError:
         raise AvatarRenderError(f"{shown(dst)} was created by something else during the render and is kept; the new "
                                 f"video is in {shown(partial)}.") from None
@@ -86,7 +87,7 @@ def finished_before(output: Path) -> bool:
     """Whether an earlier render of ``output`` had put it in place and stopped before tidying up
     (its journal still holds the finished file, the same file as the output); then tidy up."""
     folder = render_paths(output).journal
-    complete = folder / "complete.mp4"
+    complete = folder / COMPLETE
     try:
         check_ours(folder)
     except (AvatarRenderError, OSError):  # (OSError: a name too long, said by check_output)
@@ -97,7 +98,7 @@ def finished_before(output: Path) -> bool:
     partial = render_paths(output).partial
     if partial.is_file() and not partial.is_symlink():
         remove(partial)
-    remove_tree(folder)
+    remove_journal(folder)
     return True
 
 
@@ -114,7 +115,7 @@ def forget_empty_render(output: Path) -> None:
         partial = render_paths(output).partial
         if not partial.is_symlink():
             remove(partial)
-        remove_tree(folder)
+        remove_journal(folder)
 
 
 def _is_folder(path: Path) -> bool:
