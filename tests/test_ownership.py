@@ -242,3 +242,19 @@ def test_killed_while_tidying_up_then_resumed(d, at, force):
     assert "was complete" in resumed.stdout
     assert (d / "out.mp4").read_bytes() == (d / "whole.mp4").read_bytes()
     assert not (d / "out.mp4.journal").exists() and not (d / "out.partial.mp4").exists()
+
+
+def test_a_report_that_cannot_be_written_says_the_video_is_complete(d, monkeypatch):
+    """The disk fills between the video and its report: the error says the video was written (it is kept)."""
+    import errno
+
+    from avatar_render.job import loop
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(loop, "write_report", full)
+    result = render(d, "--report", str(d / "r.json"))
+    refused(result, f"'{d / 'out.mp4'}' is complete (")
+    assert "but its report" in result.stderr and "no space left on device" in result.stderr
+    assert (d / "out.mp4").stat().st_size > 1000 and not (d / "out.mp4.journal").exists()

@@ -157,3 +157,26 @@ def test_stop_before_the_first_chunk_leaves_nothing(work, face_png, tmp_path):
     with pytest.raises(RenderStopped, match="before the first chunk was written; nothing to resume") as stopped:
         api_render(tmp_path, face_png, audio, "s.mp4", should_stop=lambda: True)
     assert stopped.value.frames == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_after_the_last_keyframe_is_said_and_the_video_finished(tmp_path, face_png, monkeypatch):
+    """A Ctrl-C after the last point a render can stop at (its last plan is done): the video is finished, and
+    the command says why it did not stop (it said nothing, and ended 0 as if no signal had come)."""
+    from typer.testing import CliRunner
+
+    from avatar_render.cli import app
+    from avatar_render.job import loop
+
+    write_wav(tmp_path / "a.wav", speech_like(2.0, 16000), 16000)
+    finish = loop.ChunkLoop._finish
+
+    def interrupted(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(loop.ChunkLoop, "_finish", interrupted)
+    result = CliRunner().invoke(app, ["render", "--ref", str(face_png), "--audio", str(tmp_path / "a.wav"), "-o",
+                                      str(tmp_path / "o.mp4"), "video.width=64", "video.height=64"])
+    assert result.exit_code == 0, result.stderr
+    assert "SIGINT came during the render's last part: it was finished rather than stopped." in result.stderr
+    assert "Wrote" in result.stdout and (tmp_path / "o.mp4").stat().st_size > 1000

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -131,6 +132,9 @@ def render(
         except StopNow:  # a second signal outside the chunk loop
             out.warn("Stopped at once.")
             raise typer.Exit(stopping.exit_code) from None
+        if stopping.signum is not None and not stopping.told:  # (it came after the last point a render stops at)
+            out.warn(f"{signal.Signals(stopping.signum).name} came during the render's last part: it was finished "
+                     "rather than stopped.")
         if shown == "json":
             out.data(done_record(result))
         out.info(

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from omegaconf import OmegaConf
 
 from avatar_render.errors import AvatarRenderError, InputError, ResumeError
-from avatar_render.files.names import shown
+from avatar_render.files.names import os_reason, shown
 from avatar_render.files.render_paths import render_paths
 from avatar_render.files.write import remove
 from avatar_render.io.audio_stream import is_stream
@@ -294,6 +294,8 @@ class ChunkLoop:
             try:
                 write_report(Path(self.request.report), summary, telemetry.records())
             except OSError as e:
-                raise AvatarRenderError(
-                    f"Cannot write the report {shown(self.request.report)}: {e.strerror or e}.") from None
+                done = (f"{shown(self.output)} is complete ({tally.frames} frames)" if self.output is not None
+                        else "The render finished")
+                raise AvatarRenderError(f"{done}, but its report {shown(self.request.report)} could not be written: "
+                                        f"{os_reason(e)}.") from None
         return report

@@ -80,6 +80,11 @@ class StopSignals:
         return signum is not None
 
     @property
+    def told(self) -> bool:
+        """Whether ``on_first`` was called (a stop request the render looked at)."""
+        return self._told
+
+    @property
     def exit_code(self) -> int:
         """The shell's code for death by the signal received (130 for SIGINT, 143 for SIGTERM)."""
         return 128 + (self.signum or signal.SIGINT)
