@@ -256,6 +256,12 @@ def test_a_session_cannot_be_resumed_nor_pushed_to_without_serve(tmp_path, face_
     assert empty.returncode == 1 and empty.stderr.decode().strip() == (
         "Error: The audio from standard input ended before its first byte: no audio came.")
     assert not list(tmp_path.iterdir())
+    from tests.media import speech_like, write_audio
+
+    m4a = write_audio(tmp_path / "clip.m4a", speech_like(4.0, 44100), 44100)  # (its index written at its end)
+    indexed = _render("--audio", "-", "-o", str(tmp_path / "o.mp4"), stdin=m4a.read_bytes(), check=False)
+    assert indexed.returncode == 1 and "has its index after its sound" in indexed.stderr.decode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.m4a"]
 
 
 def test_a_real_time_session_pushes_with_a_shorter_pre_roll_unless_told(face_png):

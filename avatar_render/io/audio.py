@@ -29,6 +29,10 @@ _MIN_CAPACITY = 1 << 14
 MIN_RATE, MAX_RATE = 4000, 768_000  # input sample rates read, in Hz
 _FLOAT_FORMATS = frozenset({"flt", "fltp", "dbl", "dblp"})  # the only ones that can hold NaN or infinity
 _INT_SCALE = {"u8": 128, "s16": 1 << 15, "s32": 1 << 31, "s64": 1 << 63}  # full scale of integer formats
+# An MP4's edit list says where its track ends: the decoder hands out the encoder's padding after that (AAC: up to
+# a frame, 2048 samples with SBR). Decoded sound at most this much longer than the track is cut there; more is kept
+# (a header that undercounts, as a fragmented file's may, loses no sound).
+_PADDING_SAMPLES = 4096
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,7 @@ class AudioReader:
             self._mix_to_mono = False  # the source's channels are in no order the resampler can mix
             self._model_resampler: av.AudioResampler | None = None
             self._output_resampler: av.AudioResampler | None = None
+            self._declared = None if stream else _track_seconds(self._container, self._stream)
             self._done_seconds = Fraction(0)  # input duration of earlier (format, layout, rate) segments
             self._segment_samples = 0  # input samples of the current segment
             self._eof = False
@@ -328,6 +333,8 @@ class AudioReader:
         self._flush_resamplers()
         self._eof = True
         seconds = self._done_seconds
+        if self._declared is not None and 0 < seconds - self._declared <= Fraction(_PADDING_SAMPLES, self._source[2]):
+            seconds = self._declared  # (the encoder's padding, past the end the file gives)
         # The resamplers' output can be off by a few samples; fix both views to the exact length.
         self._model.resize(_sample_at(seconds, self.model_rate))
         self._output.resize(_sample_at(seconds, self.info.output_rate))
@@ -377,6 +384,13 @@ def _estimated_seconds(container: av.container.InputContainer, stream: av.AudioS
     if container.duration:
         return container.duration / av.time_base
     return None
+
+
+def _track_seconds(container: av.container.InputContainer, stream: av.AudioStream) -> Fraction | None:
+    """The length an MP4 (or QuickTime) file gives its audio track, from its edit list; None for other formats."""
+    if not container.format.name.startswith("mov") or not stream.duration or not stream.time_base:
+        return None
+    return Fraction(stream.duration) * stream.time_base
 
 
 def estimated_seconds(path: str | Path) -> float | None:

@@ -220,9 +220,16 @@ class StreamedAudio:
                     raise AvatarRenderError(f"The stream on {self.name} holds no audio that can be decoded.")
                 stream = streams[0]
                 self.codec = stream.codec_context.codec.canonical_name
+                came = False
                 for frame in self._decoded(container, stream):
+                    came = came or frame.samples > 0
                     if frame.samples > 0 and not self._put(frame):
                         return
+                if not came and container.format.name.startswith("mov"):
+                    raise AvatarRenderError(
+                        f"The MP4 on {self.name} has its index after its sound, which a pipe cannot go back to; "
+                        "give the file itself (--audio FILE), or one written with -movflags +faststart or "
+                        "fragmented.")
         except BaseException as exc:  # handed to the chunk loop, which raises it
             self._put(exc)
             return
