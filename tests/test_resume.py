@@ -23,6 +23,7 @@ from avatar_render.distributed.device_mesh import single
 from avatar_render.errors import AvatarRenderError
 from avatar_render.files.render_paths import render_paths
 from avatar_render.io.audio import AudioReader
+from avatar_render.io.fmp4 import boxes
 from avatar_render.io.reference import load_reference
 from avatar_render.io.writer import WriterPosition, replay_start
 from avatar_render.job.journal import Commit, Journal, read_safetensors, write_safetensors
@@ -409,6 +410,26 @@ def test_damaged_partial_or_journal_is_refused_then_force_starts_over(work, face
     report, _ = api_render(tmp_path, face_png, audio, "b.mp4", force=True, report=tmp_path / "b.json")
     assert report.resumed_frames == 0 and chunk_hashes(tmp_path / "b.json") == hashes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "b.mp4"]
+
+
+@pytest.mark.slow
+def test_a_partial_changed_inside_its_chunks_is_refused_then_force_starts_over(work, face_png, tmp_path):
+    """Bytes of a video sample overwritten (its size and boxes as they were): refused, naming the chunk, and the
+    file left as it was; the resume had taken it in, and the finished file did not decode (a damaged disk)."""
+    d, audio, hashes, _ = work
+    interrupted(tmp_path, face_png, audio, "c.mp4")
+    partial = tmp_path / "c.partial.mp4"
+    data = bytearray(partial.read_bytes())
+    with partial.open("rb") as f:
+        ends = [end for kind, _, _, end in boxes(f, 0, len(data)) if kind == b"moof"]
+    at = ends[1] + 8 + 8  # (the second chunk's mdat, whose video comes first)
+    data[at : at + 16] = bytes(16)
+    partial.write_bytes(bytes(data))
+    with pytest.raises(AvatarRenderError, match=r"its chunk 2 is not what was written there.*--force"):
+        api_render(tmp_path, face_png, audio, "c.mp4", resume=True)
+    assert partial.read_bytes() == bytes(data)
+    report, _ = api_render(tmp_path, face_png, audio, "c.mp4", force=True, report=tmp_path / "c.json")
+    assert report.resumed_frames == 0 and chunk_hashes(tmp_path / "c.json") == hashes
 
 
 def test_resume_with_nothing_to_resume_starts_afresh(work, face_png, tmp_path):

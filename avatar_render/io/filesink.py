@@ -10,15 +10,16 @@ from avatar_render.files.names import shown
 from avatar_render.files.write import create_new, open_own, remove
 from avatar_render.io.codecs import create_error, write_error
 from avatar_render.io.encoder import Fragment
-from avatar_render.io.fmp4 import Fmp4Muxer, MuxerState, Tracks, scan_fragments
+from avatar_render.io.fmp4 import Fmp4Muxer, MuxerState, Tracks, scan_fragments, video_digests
 from avatar_render.io.spec import WriterSpec
 
 
 class FileSink:
     """``spec.path`` created new (never over anything there), or, when ``resume`` is a position
-    (bytes, sequence), reopened without following a link and cut back to it once checked."""
+    (bytes, sequence, the SHA-256 of each fragment's video up to there: none, not checked), reopened without
+    following a link and cut back to it once checked."""
 
-    def __init__(self, spec: WriterSpec, *, resume: tuple[int, int] | None = None) -> None:
+    def __init__(self, spec: WriterSpec, *, resume: tuple[int, int, tuple[str, ...]] | None = None) -> None:
         self.path = spec.path
         self.name = shown(spec.path)
         self._resume = resume
@@ -48,7 +49,7 @@ class FileSink:
         if self._resume is None:
             remove(self.path)
 
-    def _cut_back(self, size: int, sequence: int) -> None:
+    def _cut_back(self, size: int, sequence: int, digests: tuple[str, ...]) -> None:
         path, init = self.path, self.muxer.init_segment()
         if self.file.read(len(init)) != init:
             raise AvatarRenderError(
@@ -62,6 +63,16 @@ class FileSink:
         if found != sequence:
             raise AvatarRenderError(f"The partial video {shown(path)} does not match its journal: it ends at fragment "
                                     f"{found}, not {sequence}.")
+        if digests:
+            try:
+                held = video_digests(self.file, size)
+            except ValueError as exc:
+                raise AvatarRenderError(f"The partial video {shown(path)} does not match its journal: {exc}.") from None
+            changed = next((i for i, (a, b) in enumerate(zip(held, digests)) if a != b), None)
+            if len(held) != len(digests) or changed is not None:
+                at = min(len(held), len(digests)) if changed is None else changed
+                raise AvatarRenderError(f"The partial video {shown(path)} does not match its journal: its chunk "
+                                        f"{at + 1} is not what was written there (the file was changed or damaged).")
         self.file.truncate(size)
         self.file.seek(size)
 

@@ -8,6 +8,7 @@ checks that a file holds whole fragments up to a given byte offset.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 from fractions import Fraction
@@ -227,6 +228,53 @@ def scan_fragments(file: BinaryIO, end: int) -> int:
     if kinds[:2] != [b"ftyp", b"moov"] or kinds[2:] != [b"moof", b"mdat"] * ((len(kinds) - 2) // 2):
         raise ValueError("the boxes are not an init segment followed by moof + mdat pairs")
     return sequence
+
+
+def video_digests(file: BinaryIO, end: int) -> list[str]:
+    """The SHA-256 of each fragment's video samples (in order, as ``Mp4Writer.video_sha256`` took them) in bytes
+    [0, end) of a file this muxer wrote (``scan_fragments`` checked). Raises ValueError where a fragment is not
+    as it writes them."""
+    out = []
+    for kind, pos, payload, box_end in boxes(file, 0, end):
+        if kind != b"moof":
+            continue
+        runs = [_trun(file, child, child_end) for k, child, child_end in _children(file, payload, box_end, b"traf")]
+        video = [run for track, run in runs if track == _VIDEO_ID]
+        if len(video) != 1:
+            raise ValueError(f"the fragment at byte {pos} has no video")
+        offset, size = video[0]
+        if pos + offset + size > end:
+            raise ValueError(f"the fragment at byte {pos} points past its end")
+        file.seek(pos + offset)
+        out.append(hashlib.sha256(file.read(size)).hexdigest())
+    return out
+
+
+def _children(file: BinaryIO, start: int, end: int, kind: bytes) -> Iterator[tuple[bytes, int, int]]:
+    """(kind, payload start, end) of the boxes of ``kind`` in bytes [start, end)."""
+    return ((k, payload, box_end) for k, _, payload, box_end in boxes(file, start, end) if k == kind)
+
+
+def _trun(file: BinaryIO, traf: int, traf_end: int) -> tuple[int, tuple[int, int]]:
+    """(track ID, (data offset from the moof, bytes of its samples)) of a ``traf`` this muxer wrote."""
+    tracks = [struct.unpack(">I", _read(file, at + 4, 4))[0] for _, at, _ in _children(file, traf, traf_end, b"tfhd")]
+    runs = list(_children(file, traf, traf_end, b"trun"))
+    if len(tracks) != 1 or len(runs) != 1:
+        raise ValueError(f"the track fragment at byte {traf} is not one of ours")
+    _, at, run_end = runs[0]
+    flags, count, offset = struct.unpack(">IIi", _read(file, at, 12))
+    if flags & 0xFFFFFF != TRUN_FLAGS or at + 12 + 12 * count > run_end:
+        raise ValueError(f"the track run at byte {at} is not one of ours")
+    entries = struct.unpack(f">{3 * count}I", _read(file, at + 12, 12 * count))
+    return tracks[0], (offset, sum(entries[1::3]))
+
+
+def _read(file: BinaryIO, at: int, n: int) -> bytes:
+    file.seek(at)
+    data = file.read(n)
+    if len(data) != n:
+        raise ValueError(f"the file ends inside a box at byte {at}")
+    return data
 
 
 def boxes(file: BinaryIO, start: int, end: int) -> Iterator[tuple[bytes, int, int, int]]:

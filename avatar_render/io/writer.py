@@ -85,6 +85,7 @@ class WriterPosition:
 class WriterResume:
     position: WriterPosition
     replay: np.ndarray  # (C, position.audio_samples - replay_start(position)) float32: input audio to encode again
+    video_sha256: tuple[str, ...] = ()  # of each chunk's video in the file, checked before it is continued
 
 
 def replay_start(position: WriterPosition) -> int:
@@ -145,8 +146,8 @@ class Mp4Writer:
         self._sinks: list[Sink] = []
         self._video_sha256: list[str] = []  # (writer thread) of each chunk encoded, in the order put
 
-        self._file = None if spec.path is None else FileSink(spec,
-                                                             resume=(start.bytes, start.sequence) if resume else None)
+        position = None if resume is None else (start.bytes, start.sequence, resume.video_sha256)
+        self._file = None if spec.path is None else FileSink(spec, resume=position)
         try:
             self._encoder = ChunkEncoder(spec, frames=start.frames, samples=start.audio_samples,
                                          audio_time=start.audio_time)

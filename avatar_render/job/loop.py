@@ -92,7 +92,7 @@ class ChunkLoop:
         tally = _Tally.after(prior)
         if self.should_stop():
             raise self._stopped(at_once=False)
-        writer = self._writer = self._open_writer(point[0] if point else None, prior)
+        writer = self._writer = self._open_writer(point, prior)
         try:
             uncommitted = self._generate(writer, point[0] if point else None, tally)
             stats = self._finish(writer, uncommitted)
@@ -107,7 +107,7 @@ class ChunkLoop:
             self.journal.discard()
         return self._report(stats, tally)
 
-    def _open_writer(self, checkpoint: Optional[Checkpoint], prior: Optional[Commit]) -> Mp4Writer:
+    def _open_writer(self, point: Optional[Point], prior: Optional[Commit]) -> Mp4Writer:
         cfg, info = self.cfg, self.job.audio.info
         gop = gop_seconds(cfg, self.live)
         spec = WriterSpec(
@@ -122,9 +122,12 @@ class ChunkLoop:
                 spec, first_frame=prior.writer.frames if prior else 0, total_seconds=self._total_seconds)
             if prior is None:
                 return Mp4Writer(spec, sinks=sinks)
+            checkpoint, records = point
             replay = replay_audio(self.job.audio, checkpoint, prior, self.job.pipeline)
+            resume = WriterResume(position=prior.writer, replay=replay,
+                                  video_sha256=tuple(r.video_sha256 for r in records))
             try:
-                return Mp4Writer(spec, resume=WriterResume(position=prior.writer, replay=replay), sinks=sinks)
+                return Mp4Writer(spec, resume=resume, sinks=sinks)
             except AvatarRenderError as exc:
                 raise AvatarRenderError(
                     f"{str(exc).rstrip('.')}; start over with --force instead of --resume.") from None
