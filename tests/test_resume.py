@@ -432,6 +432,21 @@ def test_a_partial_changed_inside_its_chunks_is_refused_then_force_starts_over(w
     assert report.resumed_frames == 0 and chunk_hashes(tmp_path / "c.json") == hashes
 
 
+@pytest.mark.slow
+def test_an_interrupted_replacement_is_resumed_with_force_and_resume(work, face_png, tmp_path):
+    """A render replacing an output (--force) stops: --resume alone says to add --force (it said only that the
+    output exists, and --force alone throws the partial render away)."""
+    d, audio, hashes, _ = work
+    (tmp_path / "r.mp4").write_bytes(b"an older video")
+    with pytest.raises(RenderStopped):
+        api_render(tmp_path, face_png, audio, "r.mp4", force=True, should_stop=stop_after(5))
+    with pytest.raises(AvatarRenderError, match=r"started with --force to replace it: pass --force --resume"):
+        api_render(tmp_path, face_png, audio, "r.mp4", resume=True)
+    assert (tmp_path / "r.mp4").read_bytes() == b"an older video"
+    report, _ = api_render(tmp_path, face_png, audio, "r.mp4", force=True, resume=True, report=tmp_path / "r.json")
+    assert report.resumed_frames > 0 and chunk_hashes(tmp_path / "r.json") == hashes
+
+
 def test_resume_with_nothing_to_resume_starts_afresh(work, face_png, tmp_path):
     _, audio, hashes, _ = work
     report, messages = api_render(tmp_path, face_png, audio, "n.mp4", resume=True, report=tmp_path / "n.json")

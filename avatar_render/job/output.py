@@ -22,10 +22,13 @@ from avatar_render.job.journal import COMPLETE, Journal, check_ours, remove_jour
 from avatar_render.telemetry import REPORT
 
 
-def check_output(output: Path, *, force: bool) -> None:
+def check_output(output: Path, *, force: bool, resume: bool = False) -> None:
     """The output's name and folder, before anything is written (an existing output, a link there
     included, is only replaced with ``force``, and then as a whole: never written through). Its folder
     must exist: a render makes no folder."""
+    if resume and not force and os.path.lexists(output) and os.path.lexists(render_paths(output).journal):
+        raise AvatarRenderError(f"The output {shown(output)} exists, and the interrupted render beside it was started "
+                                "with --force to replace it: pass --force --resume to go on.")
     if _is_folder(output):
         raise AvatarRenderError(f"Output {shown(output)} is a folder; give a file name ending in .mp4.")
     if output.suffix.lower() != ".mp4":

@@ -95,7 +95,7 @@ def plan_render(request: RenderRequest) -> RenderPlan:
     if request.output is not None:
         output = Path(request.output)
         check_finished(output, resume=request.resume, force=request.force)
-        check_output(output, force=request.force)
+        check_output(output, force=request.force, resume=request.resume)
         own = render_paths(output)
         written = own.written()
         for what, path in written.items():

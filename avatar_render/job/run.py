@@ -89,7 +89,7 @@ def _run(request: RenderRequest, mesh: Mesh, live: Optional[Live], audio: Path |
                               on_message=on_message, should_stop=should_stop)
     output = Path(request.output)
     check_finished(output, resume=request.resume, force=request.force)
-    check_output(output, force=request.force)
+    check_output(output, force=request.force, resume=request.resume)
     own = render_paths(output)
     written = own.written()
     inputs = request_inputs(request)
