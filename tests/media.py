@@ -176,3 +176,24 @@ def write_wav(path: Path, samples: np.ndarray, rate: int, *, sample_format: str 
     chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
     Path(path).write_bytes(b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks)
     return Path(path)
+
+
+def played_samples(path: Path) -> tuple[int, int]:
+    """(samples, rate) of the first audio track as a player plays it: PyAV's decode, bad packets skipped, up to an
+    MP4's track length (its edit list: the encoder's padding after it is not played)."""
+    n, rate = 0, 0
+    with av.open(str(path)) as container:
+        stream = container.streams.audio[0]
+        try:
+            for packet in container.demux(stream):
+                try:
+                    frames = stream.codec_context.decode(packet)
+                except av.FFmpegError:
+                    continue
+                for frame in frames:
+                    n, rate = n + frame.samples, frame.sample_rate
+        except av.FFmpegError:
+            pass
+        if container.format.name.startswith("mov") and stream.duration and rate:
+            n = min(n, round(stream.duration * stream.time_base * rate))
+    return n, rate

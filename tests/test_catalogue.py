@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 
 from avatar_render.cli import app
 from avatar_render.config import ConfigWarning
-from tests.media import speech_like, write_audio, write_video_without_audio, write_wav
+from tests.media import played_samples, speech_like, write_audio, write_video_without_audio, write_wav
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("video.width=48", "video.height=48")
@@ -242,10 +242,9 @@ def error_line(outcome: Outcome) -> str:
 
 
 def input_seconds(path: Path) -> float:
-    """What PyAV decodes of the first audio track, in seconds."""
-    with av.open(str(path)) as c:
-        stream = c.streams.audio[0]
-        return sum(f.samples for f in c.decode(stream)) / stream.codec_context.sample_rate
+    """What a player plays of the first audio track, in seconds."""
+    n, rate = played_samples(path)
+    return n / rate
 
 
 def check_render(outcome: Outcome, out: Path, audio: Path) -> None:

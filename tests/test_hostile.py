@@ -26,7 +26,7 @@ from avatar_render.job.stop import RenderStopped
 from avatar_render.pipeline.types import RequestInput
 from avatar_render.preview.engine import build_preview
 from avatar_render.telemetry import current_rss_mb
-from tests.media import speech_like, write_audio, write_video_without_audio
+from tests.media import played_samples, speech_like, write_audio, write_video_without_audio
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("video.width=48", "video.height=48")
@@ -167,8 +167,8 @@ def decoded(path: Path) -> tuple[int, int, float]:
 
 
 def input_seconds(path: Path) -> float:
-    with av.open(str(path)) as c:
-        return sum(f.samples for f in c.decode(audio=0)) / c.streams.audio[0].codec_context.sample_rate
+    n, rate = played_samples(path)
+    return n / rate
 
 
 def api(tmp_path: Path, ref: Path, audio: Path, *overrides, **kw):

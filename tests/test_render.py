@@ -13,7 +13,7 @@ from PIL import Image
 from avatar_render.api import RenderRequest, render
 from avatar_render.config import load_config
 from avatar_render.files.render_paths import render_paths
-from tests.media import speech_like, write_audio
+from tests.media import played_samples, speech_like, write_audio
 
 SMALL = ("video.width=128", "video.height=128", "chunk.chunk_frames=20")
 
@@ -31,11 +31,6 @@ def read_back(path: Path):
     return frames, samples / rate, fps
 
 
-def decoded_samples(path: Path) -> tuple[int, int]:
-    with av.open(str(path)) as c:
-        return sum(f.samples for f in c.decode(audio=0)), c.streams.audio[0].codec_context.sample_rate
-
-
 def do_render(tmp_path, ref, audio, *overrides, name="out.mp4", **kw):
     cfg = load_config(None, (*SMALL, *overrides))
     out = tmp_path / name
@@ -51,7 +46,7 @@ def do_render(tmp_path, ref, audio, *overrides, name="out.mp4", **kw):
 )
 def test_formats_frame_count_and_audio(tmp_path, face_png, suffix, rate, channels, fps):
     audio = write_audio(tmp_path / f"in{suffix}", speech_like(2.3, rate, channels), rate)
-    n_in, in_rate = decoded_samples(audio)
+    n_in, in_rate = played_samples(audio)
     out, rep = do_render(tmp_path, face_png, audio, f"preview.fps={fps}")
     frames, audio_s, video_rate = read_back(out)
     fps_exact = Fraction(30000, 1001) if fps == 29.97 else Fraction(fps)
