@@ -440,7 +440,7 @@ def test_an_interrupted_replacement_is_resumed_with_force_and_resume(work, face_
     (tmp_path / "r.mp4").write_bytes(b"an older video")
     with pytest.raises(RenderStopped):
         api_render(tmp_path, face_png, audio, "r.mp4", force=True, should_stop=stop_after(5))
-    with pytest.raises(AvatarRenderError, match=r"started with --force to replace it: pass --force --resume"):
+    with pytest.raises(AvatarRenderError, match=r"exists beside an interrupted render of it: pass --force --resume"):
         api_render(tmp_path, face_png, audio, "r.mp4", resume=True)
     assert (tmp_path / "r.mp4").read_bytes() == b"an older video"
     report, _ = api_render(tmp_path, face_png, audio, "r.mp4", force=True, resume=True, report=tmp_path / "r.json")

@@ -27,8 +27,9 @@ def check_output(output: Path, *, force: bool, resume: bool = False) -> None:
     included, is only replaced with ``force``, and then as a whole: never written through). Its folder
     must exist: a render makes no folder."""
     if resume and not force and os.path.lexists(output) and os.path.lexists(render_paths(output).journal):
-        raise AvatarRenderError(f"The output {shown(output)} exists, and the interrupted render beside it was started "
-                                "with --force to replace it: pass --force --resume to go on.")
+        raise AvatarRenderError(f"The output {shown(output)} exists beside an interrupted render of it: pass --force "
+                                "--resume to finish that render and replace the output with it, or move the output "
+                                "away first.")
     if _is_folder(output):
         raise AvatarRenderError(f"Output {shown(output)} is a folder; give a file name ending in .mp4.")
     if output.suffix.lower() != ".mp4":
