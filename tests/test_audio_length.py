@@ -59,6 +59,31 @@ def test_chunks_after_the_data_and_placeholder_sizes_are_not_faults(tmp_path: Pa
         assert length_note(path) is None
 
 
+def test_a_length_ffmpeg_guesses_is_no_promise(tmp_path: Path) -> None:
+    """A VBR MP3 without a Xing frame, quiet at first: FFmpeg guesses its length from the first frames' bit rate,
+    far past its end; it is not cut short (it was said to be)."""
+    import av
+    import numpy as np
+
+    path = tmp_path / "vbr.mp3"
+    samples = np.concatenate([np.zeros((1, 3 * RATE), np.float32), speech_like(8.0, RATE)], axis=1)
+    with av.open(str(path), "w", options={"write_xing": "0"}) as out:
+        stream = out.add_stream("libmp3lame", rate=RATE, layout="mono")
+        stream.codec_context.qscale = 2
+        for i in range(0, samples.shape[1], 1152):
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[:, i : i + 1152]), format="flt",
+                                               layout="mono")
+            frame.sample_rate = RATE
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    with av.open(str(path)) as c:
+        guessed = float(c.streams.audio[0].duration * c.streams.audio[0].time_base)
+    assert guessed > 2 * 11.0  # (the guess is far off: the case this checks)
+    assert length_note(path) is None
+
+
 def test_not_audio_gets_no_note(tmp_path: Path) -> None:
     text = tmp_path / "notes.wav"
     text.write_bytes(b"RIFF\x10\x00\x00\x00WAVEdata")  # (a header cut inside its first chunk)

@@ -3,8 +3,10 @@ recorder that stopped before it wrote its header) renders what is there, and the
 
 A WAV's header gives its data's size in bytes, which FFmpeg trusts over the file (it reads no further than the
 size, and shortens the size to the file's): it is read here (``_wav_sizes``). Other formats' headers give a
-duration (FLAC's stream info, an MP3's Xing frame, an MP4's boxes): the file is opened again and its last second
-looked for (``_ends_early``); a seek to where it should be that finds the data end well before is a cut file.
+duration (FLAC's stream info, an MP3's Xing, Info or VBRI frame, an MP4's or a Matroska file's boxes): the file is
+opened again and its last second looked for (``_ends_early``); a seek to where it should be that finds the data end
+well before is a cut file. Where no header gives the length (an MP3 without such a frame, ADTS, Ogg), FFmpeg
+guesses it from the bit rate, and a guess is no promise: those are not checked.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from avatar_render.files.names import shown
 _SLACK_S = 1.5  # the data may end this much before the header's duration without a word (encoder padding)
 _PACKETS = 200  # packets read after the seek at most (seconds of audio for any codec)
 _PLACEHOLDERS = (0, 0xFFFFFFFF)  # data sizes a writer that could not go back to its header leaves
+_STATED = ("flac", "mov", "matroska")  # formats whose header states the length (FFmpeg's names begin so)
+_MP3_TAGS = (b"Xing", b"Info", b"VBRI")  # an MP3's first frame that states the frames it has
 
 
 def length_note(path: Path) -> Optional[str]:
@@ -83,6 +87,9 @@ def _ends_early(path: Path) -> Optional[str]:
         streams = container.streams.audio
         if not streams or not streams[0].duration or not streams[0].time_base:
             return None
+        name = container.format.name
+        if not (name.startswith(_STATED) or name == "mp3" and _mp3_states_length(path)):
+            return None
         stream = streams[0]
         said = float(stream.duration * stream.time_base)
         if said < 2 * _SLACK_S:
@@ -102,3 +109,16 @@ def _ends_early(path: Path) -> Optional[str]:
             return None
     return (f"The audio {shown(path)} ends near {last:.1f} s where its header gives {said:.1f} s: the file looks "
             "cut short; the video ends where its sound does.")
+
+
+def _mp3_states_length(path: Path) -> bool:
+    """Whether the MP3 file's first frame (after an ID3v2 tag) is a Xing, Info or VBRI frame."""
+    with open(path, "rb") as f:
+        head = f.read(10)
+        start = 0
+        if len(head) == 10 and head[:3] == b"ID3":  # (its size: four 7-bit bytes, then a footer if flagged)
+            start = 10 + sum((b & 0x7F) << (7 * (3 - i)) for i, b in enumerate(head[6:10])) + 10 * bool(head[5] & 0x10)
+        f.seek(start)
+        frame = f.read(4096)
+    sync = next((i for i in range(len(frame) - 1) if frame[i] == 0xFF and frame[i + 1] & 0xE0 == 0xE0), None)
+    return sync is not None and any(tag in frame[sync : sync + 200] for tag in _MP3_TAGS)
