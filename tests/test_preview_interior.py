@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from avatar_render.face import mesh as fm
+from avatar_render.face.landmarks import find_model
 from avatar_render.preview.render import render_frame
 from avatar_render.preview.rig import OPEN_LEVELS, contour_t, face_coords
 from avatar_render.preview.shapes import PART, PART_KNEE, ROUND_REST_HOLE, MouthShape
@@ -95,6 +96,32 @@ def test_spectacle_frames_stay_put_through_a_blink(tmp_path):
     near = rim & reach
     assert near.sum() > 30
     assert np.percentile(diff[near], 95) <= 12  # and the frames did not come down with them
+
+
+@pytest.mark.skipif(find_model() is None, reason="face landmark model not installed (scripts/fetch_face_model.py)")
+def test_a_thick_rim_low_over_the_eyes_stays_put_through_a_blink(tmp_path):
+    """Grace Hopper's thick black spectacle rims, low over her eyes (matplotlib's sample photo): the black-hat took
+    each rim and the creased, shadowed skin under it for one structure, whose mean read as a grey brow, and the
+    blink dragged the rims down into the eyes."""
+    from matplotlib import cbook
+
+    ref = tmp_path / "hopper.jpg"
+    with cbook.get_sample_data("grace_hopper.jpg") as photo:
+        ref.write_bytes(photo.read())
+    rig = rig_for(512, 512, ref=ref).rig
+    open_, shut = render_frame(rig, row()), render_frame(rig, row(blink=1.0))
+    diff = np.abs(open_.astype(np.int16) - shut).max(axis=2)
+    gray = rig.image.astype(np.float32) @ LUMA
+    rims = np.zeros(gray.shape, bool)
+    for upper in (fm.LEFT_EYE_UPPER, fm.RIGHT_EYE_UPPER):  # (the rim: the black above the lid, over its middle)
+        lid = rig.mesh.at(upper)
+        width = float(np.ptp(lid[:, 0]))
+        x0, x1 = int(lid[:, 0].min() + 0.2 * width), int(lid[:, 0].max() - 0.2 * width)
+        y0, y1 = int(lid[:, 1].min() - 0.7 * width), int(lid[:, 1].min() - 0.2 * width)
+        rims[y0:y1, x0:x1] = gray[y0:y1, x0:x1] < 50
+        assert (diff[int(lid[:, 1].max()) : int(lid[:, 1].max() + 0.15 * width), x0:x1] > 30).any()  # it closed
+    assert rims.sum() > 100
+    assert np.percentile(diff[rims], 95) <= 20  # the rims stayed
 
 
 def test_the_interior_is_as_soft_and_grainy_as_the_photo(closed):

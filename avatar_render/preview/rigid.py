@@ -2,8 +2,8 @@
 
 A blink's warp pulls the skin above the lashes down with the lid. Across a spectacle rim that bent the
 rim down into the eye. Here the rig finds long, thin, dark structures above each eye (a black-hat of
-the grey levels, 35 levels or more, spanning most of the eye's width, above the lashes' band, under half
-as bright as the skin around) and
+the grey levels, 35 levels or more, spanning most of the eye's width, above the lashes' band, its core under
+half as bright as the skin around) and
 limits the blink's displacements below them so that no output pixel takes its colour from the rim or
 anything above it: the rim stays where it is and the skin between it and the lid takes the stretch.
 """
@@ -59,8 +59,11 @@ def rigid_floor(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect) -> np.ndarray:
             inside = band[ys, cols]
             if not inside.any() or np.ptp(cols[inside]) + 1 < SPAN * width:
                 continue
-            if gray[ys[inside], cols[inside]].mean() > DARK * skin:  # (a light brow is hair over skin that moves)
+            keep = _dark_part(gray[ys, cols], cols, above[ys, cols], dark_below=DARK * skin,
+                              above_lid=BAND[0] * width, inside=inside)
+            if keep is None:
                 continue
+            ys, cols = ys[keep], cols[keep]
             if _on_the_lid(ys, cols, dark, above, xs, lid, width):
                 continue
             rigid[ys, cols] = 1
@@ -69,6 +72,25 @@ def rigid_floor(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect) -> np.ndarray:
         ys, cols = np.nonzero(rigid)
         np.maximum.at(floor, cols, ys.astype(np.float32) + rect.y0 + 0.5)
     return _smooth(floor)
+
+
+def _dark_part(values: np.ndarray, cols: np.ndarray, heights: np.ndarray, *, dark_below: float, above_lid: float,
+               inside: np.ndarray) -> np.ndarray | None:
+    """Which pixels of a structure (the grey levels, columns and heights above the lid of its pixels) are a rim or a
+    black brow, or None for a light brow (hair over skin that moves): all of them where its pixels in the band above
+    the lashes are under ``dark_below`` on average; else, where its core (each column's darkest pixel) is that dark
+    at the median and lies in that band (over ``above_lid``), not at the lashes, its pixels that dark in that band.
+    (The mean
+    alone took in the shadow and the crease between a thick rim and the lid, which the black-hat finds too: a black
+    rim low over the eye read as a grey brow, and bent down into the eye with the blink.)"""
+    if values[inside].mean() <= dark_below:
+        return np.ones(len(values), bool)
+    order = np.lexsort((values, cols))
+    first = np.r_[True, cols[order][1:] != cols[order][:-1]]  # (each column's darkest pixel)
+    core, at = values[order][first], heights[order][first]
+    if float(np.median(core)) > dark_below or float(np.median(at)) < above_lid:
+        return None
+    return (values <= dark_below) & (heights >= above_lid)
 
 
 def _on_the_lid(ys: np.ndarray, cols: np.ndarray, dark: np.ndarray, above: np.ndarray, xs: np.ndarray,
