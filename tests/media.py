@@ -178,9 +178,8 @@ def write_wav(path: Path, samples: np.ndarray, rate: int, *, sample_format: str 
     return Path(path)
 
 
-def played_samples(path: Path) -> tuple[int, int]:
-    """(samples, rate) of the first audio track as a player plays it: PyAV's decode, bad packets skipped, up to an
-    MP4's track length (its edit list: the encoder's padding after it is not played)."""
+def decoded_samples(path: Path) -> tuple[int, int]:
+    """(samples, rate) of the first audio stream, decoded plainly with PyAV, skipping bad packets."""
     n, rate = 0, 0
     with av.open(str(path)) as container:
         stream = container.streams.audio[0]
@@ -194,6 +193,15 @@ def played_samples(path: Path) -> tuple[int, int]:
                     n, rate = n + frame.samples, frame.sample_rate
         except av.FFmpegError:
             pass
+    return n, rate
+
+
+def played_samples(path: Path) -> tuple[int, int]:
+    """``decoded_samples`` as a player plays them: up to an MP4's track length (its edit list: the encoder's
+    padding after it is not played)."""
+    n, rate = decoded_samples(path)
+    with av.open(str(path)) as container:
+        stream = container.streams.audio[0]
         if container.format.name.startswith("mov") and stream.duration and rate:
             n = min(n, round(stream.duration * stream.time_base * rate))
     return n, rate

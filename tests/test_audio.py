@@ -7,13 +7,12 @@ import wave
 from fractions import Fraction
 from pathlib import Path
 
-import av
 import numpy as np
 import pytest
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.io.audio import AudioReader
-from tests.media import speech_like, write_audio, write_video_without_audio, write_wav
+from tests.media import decoded_samples, speech_like, write_audio, write_video_without_audio, write_wav
 
 FPS = Fraction(25)
 NTSC = Fraction(30000, 1001)
@@ -21,24 +20,6 @@ LOSSLESS = {".wav", ".flac", ".mkv"}
 EDITED = {".m4a", ".mp4"}  # the MP4 edit list gives the track's exact length: the encoder's padding after it is cut
 CODECS = {".wav": "pcm_s16le", ".flac": "flac", ".mp3": "mp3", ".m4a": "aac", ".ogg": "vorbis", ".opus": "opus"}
 CODECS |= {".mp4": "aac", ".mkv": "flac", ".webm": "opus"}
-
-
-def decoded_samples(path: Path) -> tuple[int, int]:
-    """(samples, rate) of the first audio stream, decoded plainly with PyAV, skipping bad packets."""
-    n, rate = 0, 0
-    with av.open(str(path)) as container:
-        stream = container.streams.audio[0]
-        try:
-            for packet in container.demux(stream):
-                try:
-                    frames = stream.codec_context.decode(packet)
-                except av.FFmpegError:
-                    continue
-                for frame in frames:
-                    n, rate = n + frame.samples, frame.sample_rate
-        except av.FFmpegError:
-            pass
-    return n, rate
 
 
 def stream_all(reader: AudioReader, chunk: int = 7, *, release: bool = True) -> tuple[np.ndarray, np.ndarray, float]:
