@@ -33,6 +33,10 @@ _INT_SCALE = {"u8": 128, "s16": 1 << 15, "s32": 1 << 31, "s64": 1 << 63}  # full
 # a frame, 2048 samples with SBR). Decoded sound at most this much longer than the track is cut there; more is kept
 # (a header that undercounts, as a fragmented file's may, loses no sound).
 _PADDING_SAMPLES = 4096
+# FFmpeg's downmix adds channels up (5.1 to stereo: front + 0.71 x centre + 0.71 x surround, as `ffmpeg -ac 2`
+# makes it): loud sound in every channel goes past full scale, and a player's decoder clips it. A mixed-down sample
+# over this level is bent towards full scale instead, never past it; speech under it is untouched.
+_KNEE = 0.9
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,7 @@ class AudioReader:
             self._output = _Window(out_channels)
             self._source: tuple[str, str, int] | None = None  # (format, layout, rate) the resamplers take
             self._mix_to_mono = False  # the source's channels are in no order the resampler can mix
+            self._mixed_down = False  # the source has more channels than the output view (added up by FFmpeg)
             self._model_resampler: av.AudioResampler | None = None
             self._output_resampler: av.AudioResampler | None = None
             self._declared = None if stream else _track_seconds(self._container, self._stream)
@@ -287,6 +292,7 @@ class AudioReader:
                 )
             self._source = source
             self._mix_to_mono = not _resamplable(frame)
+            self._mixed_down = frame.layout.nb_channels > self.info.output_channels
             self._model_resampler = av.AudioResampler(format="fltp", layout="mono", rate=self.model_rate)
             layout = "mono" if self.info.output_channels == 1 else "stereo"
             self._output_resampler = av.AudioResampler(
@@ -320,7 +326,8 @@ class AudioReader:
                                          (self._output, self._output_resampler, output_frame)):
             for out in resampler.resample(frame):
                 if out is not None:  # a pass-through resampler echoes the flush request
-                    window.append(out.to_ndarray())
+                    block = out.to_ndarray()
+                    window.append(_softened(block) if window is self._output and self._mixed_down else block)
 
     def _flush_resamplers(self) -> None:
         if self._source is None:
@@ -347,6 +354,15 @@ def _open(path: Path) -> av.container.InputContainer:
         return av.open(str(path), "r")
     except (av.FFmpegError, OSError, ValueError) as error:
         raise AvatarRenderError(f"The audio {shown(path)} is not a readable audio or video file.") from error
+
+
+def _softened(block: np.ndarray) -> np.ndarray:
+    """(C, n) float32 samples with those over ``_KNEE`` (either sign) bent under full scale, in place."""
+    over = np.abs(block) > _KNEE
+    if over.any():
+        room = 1.0 - _KNEE
+        block[over] = np.sign(block[over]) * (_KNEE + room * np.tanh((np.abs(block[over]) - _KNEE) / room))
+    return block
 
 
 def _resamplable(frame: av.AudioFrame) -> bool:
