@@ -35,8 +35,9 @@ _INT_SCALE = {"u8": 128, "s16": 1 << 15, "s32": 1 << 31, "s64": 1 << 63}  # full
 _PADDING_SAMPLES = 4096
 # FFmpeg's downmix adds channels up (5.1 to stereo: front + 0.71 x centre + 0.71 x surround, as `ffmpeg -ac 2`
 # makes it): loud sound in every channel goes past full scale, and a player's decoder clips it. A mixed-down sample
-# over this level is bent towards full scale instead, never past it; speech under it is untouched.
-_KNEE = 0.9
+# over _KNEE is bent towards _CEILING instead, never past it (1 dB under full scale: the AAC encoding of a peak rings
+# over it by a dB or so); sound under _KNEE is untouched.
+_KNEE, _CEILING = 0.7, 0.89
 
 
 @dataclass(frozen=True)
@@ -357,10 +358,10 @@ def _open(path: Path) -> av.container.InputContainer:
 
 
 def _softened(block: np.ndarray) -> np.ndarray:
-    """(C, n) float32 samples with those over ``_KNEE`` (either sign) bent under full scale, in place."""
+    """(C, n) float32 samples with those over ``_KNEE`` (either sign) bent under ``_CEILING``, in place."""
     over = np.abs(block) > _KNEE
     if over.any():
-        room = 1.0 - _KNEE
+        room = _CEILING - _KNEE
         block[over] = np.sign(block[over]) * (_KNEE + room * np.tanh((np.abs(block[over]) - _KNEE) / room))
     return block
 
