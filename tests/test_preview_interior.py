@@ -265,3 +265,60 @@ def test_a_sepia_photo_keeps_its_tint_in_the_mouth(closed, tmp_path, teeth_shown
         r, gr, b = rgb.T
         # the tint's own: R - G = 0.12 g + 5 and G - B = 0.17 g + 5 (g the grey level); grain and rounding aside
         assert len(rgb) > 100 and np.median((r - gr) - (gr - b)) < 3 and np.percentile(r - gr, 95) < 45
+
+
+def _upper_row(interior) -> tuple[np.ndarray, np.ndarray]:
+    """(s of each column, RGB) of the generated upper teeth a few pixels below the lip line."""
+    s = interior.s0 + np.arange(interior.upper.shape[1], dtype=np.float32)
+    return s, interior.upper[int(interior.pad) + 3, :, :3]
+
+
+def test_generated_teeth_in_shade_take_the_mouths_warmth(closed):
+    """Teeth darken towards the corners, where the arch turns away; that shade takes the lips' hue at the same grey
+    level (a neutral grey beside a warm face reads green). Under the same light they are ivory."""
+    interior = closed.synth
+    s, rgb = _upper_row(interior)
+    width = interior.width
+    lips = interior.cavity / 0.38
+    middle, side = rgb[np.abs(s) < 0.05 * width], rgb[np.abs(np.abs(s) - 0.42 * width) < 0.03 * width]
+    lit, shaded = float(np.median(middle @ LUMA)), float(np.median(side @ LUMA))
+    assert shaded < 0.85 * lit
+
+    def ratio(c: np.ndarray) -> float:  # red over green
+        return float(np.median(c[:, 0] / c[:, 1]))
+
+    assert ratio(side) > ratio(middle) + 0.01  # warmer, towards the lips' own (the same hue before)
+    assert ratio(middle) < float(lips[0] / lips[1])
+
+
+def test_generated_teeth_turn_with_a_turned_face(closed):
+    """On a face turned aside, the lips' midline lies off the corners' middle: the incisors meet there, and the teeth
+    on the far side show narrower than on the near one."""
+    from avatar_render.preview.interior import MIDLINE, build_interior
+
+    mesh, width = closed.mesh, closed.mouth.width_px
+    ex, _ = mesh.axes()
+    skin = np.array([200.0, 150.0, 130.0], np.float32)
+
+    def gaps(shift: float) -> tuple[np.ndarray, float]:
+        """The dark lines between the teeth (s, pixels from the midline) and the midline, the lips' midline moved
+        ``shift`` mouth widths along the mouth."""
+        points = mesh.points.copy()
+        points[list(MIDLINE)] += shift * width * ex
+        built = fm.FaceMesh(points=points, source=mesh.source)
+        interior = build_interior(closed.image, built, closed.synth.noise_rect, skin=skin)
+        s, rgb = _upper_row(interior)
+        luma = rgb @ LUMA
+        dips = (luma[1:-1] < luma[:-2]) & (luma[1:-1] <= luma[2:])
+        return s[1:-1][dips] - interior.midline, interior.midline
+
+    lines, midline = gaps(0.0)
+    assert abs(midline - float(np.mean((mesh.at(MIDLINE) - mesh.points[[61, 291]].mean(0)) @ ex))) < 0.5
+    assert np.abs(lines).min() <= 1.0  # the incisors meet on the midline
+    for shift in (-0.15, 0.15):
+        lines, midline = gaps(shift)
+        assert abs(midline) > 0.1 * width and np.abs(lines).min() <= 1.0
+        # the first lines beside the midline: the central incisors, the far one (on the midline's side) narrower
+        far = np.abs(lines[(lines * shift > 1.5)]).min()
+        near = np.abs(lines[(lines * shift < -1.5)]).min()
+        assert far < near - 0.5

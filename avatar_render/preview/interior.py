@@ -35,6 +35,11 @@ ARCH = 0.5  # radius of the dental arch, mouth widths
 # Lips rounded (0..1) less than the first leave the teeth as they are (an "aw", an "oy", the lips of an "r"); from
 # there to the second the lips close over them (an "oh" shows their edges, an "oo" hardly any)
 ROUND_COVER = (0.6, 1.0)
+# Shade in a mouth is lit by what the lips, gums and tongue reflect: a darkened tooth or lining takes this much of
+# the lips' hue for each unit of light it lost (its grey level kept; greys beside a warm face read green).
+WARM_SHADE = 0.7
+MAX_TURN = np.radians(40.0)  # the most the mouth's turn (yaw) is read as, from its midline's offset
+MIDLINE = (0, 13, 14, 17)  # the lips' middle points, outer and inner
 _PAD = 0.08  # texture rows above the lip line (behind a raised upper lip), mouth widths
 
 
@@ -48,6 +53,8 @@ class MouthInterior:
     s0: float
     pad: float
     lower_top: np.ndarray  # (w,) float32 the lower teeth's edge above the lower lip's line at rest, pixels
+    midline: float  # s of the lips' midline (where the incisors meet), pixels: off 0 on a turned face
+    warm: np.ndarray  # (3,) float32 the hue shade takes in the mouth, RGB over its grey level (grey level 1)
     cavity: np.ndarray  # (3,) float32 RGB
     tongue: np.ndarray  # (3,) float32 RGB
     blur: float  # Gaussian sigma, pixels, that makes the painted interior as soft as the photo
@@ -69,13 +76,16 @@ def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np
     tint = 0.75 * ivory / float(ivory @ LUMA) + 0.25 * tint
     # (and clearly brighter than the lips: pale lips on a pale face are nearly as light as teeth)
     teeth = tint * min(240.0, max(1.4 * skin_luma + 20.0, float(lips @ LUMA) + 95.0))
+    # The lips' hue for shade, as far as the photo has colours (a toned photo's tint where it has none).
+    warm = colour * lips / max(float(lips @ LUMA), 1.0) + (1 - colour) * tint / float(tint @ LUMA)
     pad = _PAD * width
     half = int(np.ceil(0.62 * width))
     s = np.arange(-half, half + 1, dtype=np.float32)
+    arch = _Arch.of(mesh, width)
     rows_up = int(np.ceil(pad + max(UPPER_SHOW) * width + 3))
     rows_low = int(np.ceil(pad + 0.2 * width))
-    upper = _row(s, np.arange(rows_up, dtype=np.float32) - pad, width, UPPER_TEETH, teeth, upper=True)
-    lower = _row(s, np.arange(rows_low, dtype=np.float32) - pad, width, LOWER_TEETH, 0.8 * teeth, upper=False)
+    upper = _row(s, np.arange(rows_up, dtype=np.float32) - pad, arch, UPPER_TEETH, teeth, warm, upper=True)
+    lower = _row(s, np.arange(rows_low, dtype=np.float32) - pad, arch, LOWER_TEETH, teeth, warm, upper=False)
     rng = np.random.default_rng(0)  # the same grain on every render of this reference
     noise = rng.standard_normal((rect.h, rect.w, 1)).astype(np.float32) * grain
     tinted = 0.35 * grain * min(max(saturation(skin), saturation(lips)), colour)  # (a grey photo's grain is grey)
@@ -85,7 +95,9 @@ def build_interior(image: np.ndarray, mesh: fm.FaceMesh, rect: Rect, *, skin: np
         lower=lower,
         s0=float(s[0]),
         pad=pad,
-        lower_top=(LOWER_SHOW * width * _arch_fall(s, width)).astype(np.float32),
+        lower_top=(LOWER_SHOW * width * arch.fall(s)).astype(np.float32),
+        midline=arch.midline,
+        warm=warm.astype(np.float32),
         cavity=(lips * np.float32(0.38)).astype(np.float32),
         tongue=(lips * np.float32(0.8) * np.array([1.0, 0.8, 0.8], np.float32) ** min(saturation(lips), colour)
                 ).astype(np.float32),
@@ -117,28 +129,66 @@ def saturation(rgb: np.ndarray) -> float:
     return float(np.clip((rgb.max() - rgb.min()) / max(float(rgb.max()), 1.0) / 0.25, 0, 1))
 
 
-def _arch_fall(s: np.ndarray, width: float) -> np.ndarray:
-    """1 in the middle of the arch, falling to 0 where it turns away at the mouth's corners."""
-    u = np.clip(np.abs(s) / (ARCH * width), 0, 1)
-    return np.sqrt(np.clip(1 - u**4, 0, 1))
+@dataclass(frozen=True)
+class _Arch:
+    """The dental arch as the photo sees it: a half circle of radius ARCH front mouth widths behind the lips, its
+    ends at the mouth's corners, turned by ``turn`` (radians, yaw) so that its middle, where the incisors meet,
+    lies at ``midline`` (pixels along the mouth from the corners' middle; the lips' own midline)."""
+
+    width: float  # the mouth's width in the photo, pixels
+    turn: float
+    midline: float
+
+    @classmethod
+    def of(cls, mesh: fm.FaceMesh, width: float) -> _Arch:
+        ex, _ = mesh.axes()
+        c = (mesh.points[61] + mesh.points[291]) / 2
+        mid = float(np.mean((mesh.at(MIDLINE) - c) @ ex))
+        # Turned by psi, the corners show at +-R cos(psi) and the middle at R sin(psi): tan(psi) = mid / (width / 2)
+        turn = float(np.clip(np.arctan2(mid, 0.5 * width), -MAX_TURN, MAX_TURN))
+        return cls(width=width, turn=turn, midline=0.5 * width * float(np.tan(turn)))
+
+    @property
+    def front(self) -> float:
+        """The mouth's width seen from the front, pixels."""
+        return self.width / float(np.cos(self.turn))
+
+    def angles(self, s: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """(angle to the camera, angle from the arch's middle), radians, of the columns s on an arch ``scale`` times
+        as large: the first is how far the surface there faces away, the second which tooth it is."""
+        seen = np.arcsin(np.clip(s / (ARCH * scale * self.front), -0.999, 0.999))
+        return seen, seen - self.turn
+
+    def fall(self, s: np.ndarray) -> np.ndarray:
+        """1 in the middle of the arch, falling to 0 where it turns away at the mouth's corners."""
+        u = np.sin(np.minimum(np.abs(self.angles(s)[1]), np.pi / 2))
+        return np.sqrt(np.clip(1 - u**4, 0, 1))
 
 
-def _row(s: np.ndarray, depth: np.ndarray, width: float, sizes, colour: np.ndarray, *, upper: bool) -> np.ndarray:
+def _shaded(colour: np.ndarray, light: np.ndarray, warm: np.ndarray) -> np.ndarray:
+    """colour (..., 3) RGB lit by ``light`` (..., 0..1): darker, and as much warmer as it lost light (``warm``: the
+    hue it takes, grey level 1), its grey level kept."""
+    out = colour * light[..., None]
+    return out + (WARM_SHADE * (1 - light))[..., None] * ((out @ LUMA)[..., None] * warm - out)
+
+
+def _row(s: np.ndarray, depth: np.ndarray, arch: _Arch, sizes, colour: np.ndarray, warm: np.ndarray, *,
+         upper: bool) -> np.ndarray:
     """One row of teeth as RGBA: columns along the mouth (s, pixels), rows of depth (pixels): below the lip line
     for the upper row, below the teeth's edge for the lower."""
-    radius = ARCH * width * (1.0 if upper else 0.92)
-    u = np.clip(s / radius, -0.999, 0.999)
-    theta = np.arcsin(u)  # position on the arch; columns near its sides see the teeth edge-on
-    arc = np.abs(theta) * radius / width  # mouth widths along the arch from its middle
+    width = arch.front
+    seen, theta = arch.angles(s, 1.0 if upper else 0.92)  # columns near the sides see the teeth edge-on
+    arc = np.abs(theta) * ARCH * (1.0 if upper else 0.92)  # front mouth widths along the arch from its middle
     edges = np.concatenate([[0.0], np.cumsum(sizes)])
     k = np.clip(np.searchsorted(edges, arc, side="right") - 1, 0, len(sizes) - 1)
     f = np.clip((arc - edges[k]) / np.asarray(sizes)[k], 0, 1)  # 0..1 across each tooth
-    # The gaps between teeth: dark lines about a pixel wide on screen (an arc's length shows as length * cos theta).
-    dist = np.minimum(f, 1 - f) * np.asarray(sizes)[k] * width * np.cos(theta)
+    # The gaps between teeth: dark lines about a pixel wide on screen (an arc's length shows as length * cos seen).
+    dist = np.minimum(f, 1 - f) * np.asarray(sizes)[k] * width * np.cos(seen)
     gap = np.exp(-((dist / 0.6) ** 2))
-    # Each tooth is convex: lit in its middle, darker at its sides; the arch darkens as it turns away.
-    side = np.abs(theta) / (np.pi / 2)
-    shade = (1 - 0.15 * (2 * f - 1) ** 2) * (1 - 0.5 * side**1.5) * (1 - 0.25 * gap)
+    # Each tooth is convex: lit in its middle, darker at its sides; the arch darkens as it turns from the camera.
+    away = np.abs(seen) / (np.pi / 2)
+    side = np.minimum(np.abs(theta) / (np.pi / 2), 1.0)  # how far back along the arch (the teeth shorten)
+    shade = (1 - 0.15 * (2 * f - 1) ** 2) * (1 - 0.5 * away**1.5) * (1 - 0.25 * gap)
     rng = np.random.default_rng(1 if upper else 2)
     shade *= (1 + 0.04 * rng.standard_normal(len(sizes)))[k]  # no two teeth quite alike
     if upper:
@@ -151,9 +201,10 @@ def _row(s: np.ndarray, depth: np.ndarray, width: float, sizes, colour: np.ndarr
     else:
         top = 0.008 * width * (1 - (2 * f - 1) ** 2)  # rounded tops
         cover = np.clip(depth[:, None] + top[None] + 0.5, 0, 1)
-        light = 1 - 0.25 * np.clip(depth[:, None] / (0.06 * width), 0, 1)  # lower down, deeper in the lip's shadow
+        # lower down, deeper in the lip's shadow; the whole row in the upper teeth's and the lips' shade
+        light = 0.8 * (1 - 0.25 * np.clip(depth[:, None] / (0.06 * width), 0, 1))
     rgba = np.empty((len(depth), len(s), 4), np.float32)
-    rgba[..., :3] = colour[None, None] * (shade[None] * light)[..., None]
+    rgba[..., :3] = _shaded(colour[None, None], np.clip(shade[None] * light, 0, 1), warm)
     rgba[..., 3] = cover
     return rgba
 
@@ -224,6 +275,7 @@ def paint(
     rest = 0.5 * (lip_up + lip_low)  # the lips' line at rest (closed lips: both contours on it)
     gap = np.maximum(moved_low - moved_up, 1e-3)
     r = np.clip(np.abs(s) / (0.5 * width), 0, 1)  # 0 in the middle, 1 at the corners
+    rt = np.clip(np.abs(s - mi.midline) / (0.5 * width), 0, 1)  # the same from the arch's middle (the tongue's)
     # The cavity: darkest just under the upper lip and towards the corners, a little light from the front below.
     q = np.clip((t - moved_up) / gap, 0, 1)
     out = mi.cavity[None, None] * (0.7 + 0.3 * q * (1 - r * r))[..., None]
@@ -235,9 +287,9 @@ def paint(
     # (the lower lip pushed out and down past the jaw's travel takes the lower teeth's edge down with it)
     low_edge = rest + jaw - _lower_top(mi, s) * (1 - k) + k * np.maximum(moved_low - (rest + jaw), 0)
     # The tongue's back, riding on the jaw behind the lower teeth, lit along its top.
-    tongue_top = low_edge - mi.width * TONGUE_RISE * (1 - (r / 0.7) ** 2)
+    tongue_top = low_edge - mi.width * TONGUE_RISE * (1 - (rt / 0.7) ** 2)
     above = t - tongue_top
-    cover = np.clip(above / max(0.6, 0.01 * width) + 0.5, 0, 1) * np.clip((0.7 - r) / 0.15, 0, 1) * (1 - 0.8 * k)
+    cover = np.clip(above / max(0.6, 0.01 * width) + 0.5, 0, 1) * np.clip((0.7 - rt) / 0.15, 0, 1) * (1 - 0.8 * k)
     ridge = 0.85 + 0.35 * np.exp(-((above / max(1.0, 0.02 * width)) ** 2))
     out = out + (mi.tongue[None, None] * ridge[..., None] - out) * cover[..., None]
     # The lower teeth, with the jaw; then the upper teeth, fixed to the skull, over everything.
@@ -252,7 +304,7 @@ def paint(
     below_up = np.maximum(t - moved_up, 0) / max(0.8, 0.025 * width)
     above_low = np.maximum(moved_low - t, 0) / max(0.8, 0.02 * width)
     light = (1 - 0.22 * np.exp(-below_up)) * (1 - 0.35 * np.exp(-above_low)) * (1 - 0.5 * r**3)
-    out = out * light[..., None]
+    out = _shaded(out, light, mi.warm)
     if mi.blur > 0.3:
         out = cv2.GaussianBlur(out, (0, 0), mi.blur)
     nr = mi.noise_rect
