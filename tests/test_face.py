@@ -241,6 +241,7 @@ def _boxes(lay: FaceLayout) -> list[tuple[float, float, float, float]]:
 from avatar_render.face import mesh as fm  # noqa: E402
 from avatar_render.face.finder import find_model as find_finder  # noqa: E402
 from avatar_render.face.landmarks import LandmarkModel, find_model  # noqa: E402
+from avatar_render.face.segment import find_model as find_segmenter  # noqa: E402
 
 needs_model = pytest.mark.skipif(find_model() is None,
                                  reason="face landmark model not installed (scripts/fetch_face_model.py)")
@@ -389,13 +390,24 @@ def test_a_render_without_the_model_names_the_setup_command(monkeypatch) -> None
     assert note.endswith("avatar-render setup")
 
 
-@pytest.mark.skipif(find_finder() is None or find_model() is None,
+def test_a_render_without_the_segmentation_model_names_the_setup_command(monkeypatch) -> None:
+    """An install made before the person segmentation came: one line, naming the command that adds it."""
+    from avatar_render.preview import engine
+
+    monkeypatch.setattr(engine, "find_segmenter", lambda: None)
+    (note,) = engine.segmentation_notes(1.0)
+    assert "background" in note and note.endswith("avatar-render setup")
+    assert engine.segmentation_notes(0.0) == ()  # (a still head: nothing moves the background)
+
+
+@pytest.mark.skipif(find_finder() is None or find_model() is None or find_segmenter() is None,
                     reason="face models not installed (scripts/fetch_face_model.py)")
 def test_setup_leaves_installed_models_in_place(tmp_path: Path) -> None:
     import shutil
 
     shutil.copyfile(find_model(), tmp_path / "face_landmark.tflite")
     shutil.copyfile(find_finder(), tmp_path / "face_detection_short_range.tflite")
+    shutil.copyfile(find_segmenter(), tmp_path / "selfie_segmentation.tflite")
     done = subprocess.run([sys.executable, "-m", "avatar_render", "setup", "--dest", str(tmp_path)],
                           capture_output=True, text=True)
     assert done.returncode == 0 and "already in place" in done.stdout  # nothing downloaded

@@ -1,10 +1,10 @@
-"""The install step for the face models (``avatar-render setup``): MediaPipe's face mesh (face_landmark.tflite)
-and short-range face detector (face_detection_short_range.tflite, both Apache-2.0), put where
-``landmarks.find_model`` and ``finder.find_model`` find them.
+"""The install step for the face models (``avatar-render setup``): MediaPipe's face mesh (face_landmark.tflite),
+short-range face detector (face_detection_short_range.tflite) and selfie segmentation (selfie_segmentation.tflite,
+all Apache-2.0), put where ``landmarks.find_model``, ``finder.find_model`` and ``segment.find_model`` find them.
 
 The models ship inside the ``mediapipe==0.10.21`` wheels on PyPI (later releases ship no models). pip
 downloads one such wheel (no dependencies, nothing installed); only the models and their licence are taken
-out, each model's SHA-256 checked. Nothing is downloaded when both are already in place; a render never
+out, each model's SHA-256 checked. Nothing is downloaded when all are already in place; a render never
 calls this.
 """
 
@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.face import finder
+from avatar_render.face import finder, segment
 from avatar_render.face.landmarks import MODEL_FILE, MODEL_SHA256, model_search_paths
 from avatar_render.files.targets import check_folder
 from avatar_render.files.write import (
@@ -30,11 +30,12 @@ from avatar_render.files.write import (
 )
 
 WHEEL = "mediapipe==0.10.21"
-WHAT = f"MediaPipe's face mesh and face detection models (Apache-2.0) from {WHEEL}"  # what a fresh install says
+WHAT = f"MediaPipe's face mesh, face detection and person segmentation models (Apache-2.0) from {WHEEL}"
 # (member of the wheel, file written, its SHA-256)
 MODELS = (
     ("mediapipe/modules/face_landmark/face_landmark.tflite", MODEL_FILE, MODEL_SHA256),
     ("mediapipe/modules/face_detection/face_detection_short_range.tflite", finder.MODEL_FILE, finder.MODEL_SHA256),
+    ("mediapipe/modules/selfie_segmentation/selfie_segmentation.tflite", segment.MODEL_FILE, segment.MODEL_SHA256),
 )
 # The model is the same in every platform's wheel: ask for one that exists, whatever this Python is.
 PLATFORM = ("--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", "--implementation", "cp")

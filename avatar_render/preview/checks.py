@@ -7,7 +7,7 @@ from typing import Callable
 
 from avatar_render.backends import PREVIEW, Check
 from avatar_render.errors import AvatarRenderError
-from avatar_render.face import finder
+from avatar_render.face import finder, segment
 from avatar_render.face.detect import FaceDetector
 from avatar_render.face.landmarks import GET_MODEL, find_model, model_search_paths
 
@@ -45,9 +45,15 @@ def _models(cfg) -> list[Check]:
                       + ("face.landmarks=template" if path is None and setting == "template" else
                          f"BlazeFace, which also finds faces turned or speaking, with the landmark model: {GET_MODEL}")
                       + ")")
+    person = segment.find_model()
+    behind = (Check("models", "person segmentation", True,
+                    f"MediaPipe's selfie segmentation: the background stays still as the head moves: {person}")
+              if person is not None else
+              Check("models", "person segmentation", True,
+                    f"not installed: the background near the head moves with it ({GET_MODEL})"))
     root = model_dir()
     phones = (Check("models", "phones", True, f"PocketSphinx allphone, English acoustic model: {root}")
               if root is not None
               else Check("models", "phones", True,
                          "PocketSphinx not installed: mouth shapes from loudness only (pip install pocketsphinx)"))
-    return [landmarks, faces, phones]
+    return [landmarks, faces, behind, phones]

@@ -23,6 +23,8 @@ from avatar_render.face.fit import fit_to_frame
 from avatar_render.face.landmarks import GET_MODEL, LandmarkModel, find_model
 from avatar_render.face.layout import fallback_layout
 from avatar_render.face.mesh import FaceMesh, template_mesh
+from avatar_render.face.segment import PersonSegmenter
+from avatar_render.face.segment import find_model as find_segmenter
 from avatar_render.face.teeth import open_to_teeth
 from avatar_render.pipeline.pipeline import ChunkSizes, Pipeline
 from avatar_render.pipeline.stage import Stage
@@ -120,9 +122,12 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
         self.detector = FaceDetector(index=face_index)
         path = find_model(landmarks)
         self.landmarks = LandmarkModel(path) if path is not None else None
+        seg = find_segmenter()
+        self.segmenter = PersonSegmenter(seg) if seg is not None else None
 
     def modules(self):
-        return (() if self.face_box else (self.detector,)) + ((self.landmarks,) if self.landmarks else ())
+        return ((() if self.face_box else (self.detector,)) + ((self.landmarks,) if self.landmarks else ())
+                + ((self.segmenter,) if self.segmenter else ()))
 
     def run(self, x: RequestInput, *, static: Any, carry: Any) -> tuple[PreviewStatic, None]:
         found = None if self.face_box else early.take_face(x.reference, self.detector.index, self.landmarks)
@@ -142,7 +147,9 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
             mesh, kind = open_to_teeth(image, template_mesh(layout).mapped(fit)), "template"
         else:
             mesh, kind = template_mesh(fallback_layout(x.width, x.height)), "fallback"
-        rig = build_rig(image, mesh) if kind != "fallback" else still_rig(image, mesh)
+        # (a video reference's own frames move its background; a still one's is kept still where it is known)
+        person = self.segmenter.person if self.segmenter is not None and x.video is None else None
+        rig = build_rig(image, mesh, person=person) if kind != "fallback" else still_rig(image, mesh)
         if kind == "fallback" and x.video is None:
             note = ("no face was found in the reference; it is shown still, with the audio (place the face with "
                     "face.box=[x,y,w,h])")
@@ -345,7 +352,7 @@ def build_preview(cfg: Config, mesh: object = None) -> Pipeline:  # one process:
         fps=cfg.fps,
         audio_rate=SPEECH_RATE,
         audio_pad_s=max(PHONE_PAD_S, float(2 / Fraction(cfg.fps))),
-        notes=landmark_notes(cfg.face.landmarks),
+        notes=landmark_notes(cfg.face.landmarks) or segmentation_notes(cfg.preview.head_motion),
         generate_ahead=True,  # the phones of the next chunk heard while this one is drawn and encoded
         # (each frame is drawn from its own row alone; ten frames at a time keep the encoder busy while the rest
         # of a segment is drawn, in blocks a quarter of a segment's)
@@ -360,4 +367,15 @@ def landmark_notes(setting: str) -> tuple[str, ...]:
     return (
         "The face landmark model is not installed: the mouth and eyes are placed by a template on the face "
         f"detector's boxes, less exactly; install the model with: {GET_MODEL}",
+    )
+
+
+def segmentation_notes(head_motion: float) -> tuple[str, ...]:
+    """One line when the head moves and the model that keeps the background still is not installed (an install made
+    before it came)."""
+    if head_motion == 0 or find_segmenter() is not None:
+        return ()
+    return (
+        "The person segmentation model is not installed: the background near the head moves with it; install it "
+        f"with: {GET_MODEL}",
     )

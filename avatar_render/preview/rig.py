@@ -6,12 +6,14 @@ the mouth interior's colours, and the soft head mask the head moves with.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
 
 from avatar_render.face import mesh as fm
+from avatar_render.preview.backdrop import hug
 from avatar_render.preview.chin import ChinSlide
 from avatar_render.preview.eyelids import fit_lower_lids
 from avatar_render.preview.interior import (
@@ -37,6 +39,9 @@ _MOUTH_RED = (1.1, 0.6, 0.56)  # the mouth's lining, relative to the skin's brig
 _RING = 1.35  # fixed vertices on the face outline scaled by this about its centre
 _HEAD = 1.25  # the face outline scaled by this about its centre (the ears, the hair at the temples) moves whole
 _MIN_BAND = 0.15  # face widths: the narrowest the band over which the head's motion fades into the background gets
+
+
+Segment = Callable[[np.ndarray, tuple[int, int, int, int]], np.ndarray]  # (image, region) -> person 0..1
 
 
 def _bracket(levels: tuple[float, ...], value: float) -> tuple[int, float]:
@@ -173,13 +178,16 @@ class FaceRig:
     synth: MouthInterior | None = None  # a generated interior, where the reference shows no teeth of its own
 
 
-def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
+def build_rig(image: np.ndarray, mesh: fm.FaceMesh, *, person: Segment | None = None) -> FaceRig:
+    """person: how far each pixel of a region (x0, y0, x1, y1) of the image is the person's (``face.segment``), or
+    None: the background around the head then moves with it, as far as the head's ellipse reaches."""
     height, width = image.shape[:2]
     skin = _median_colour(image, mesh.at(_CHEEKS))
     colour = colour_spread(image)
     interior = _interior(skin, lip_colour(image, mesh, fallback=skin), colour)
     if mesh.mouth_width() < MIN_MOUTH_PX:
-        return FaceRig(image=image, mesh=mesh, interior=interior, head=_head_mask(mesh, width, height))
+        head = _kept_off(image, mesh, _head_mask(mesh, width, height), person)
+        return FaceRig(image=image, mesh=mesh, interior=interior, head=head)
     mesh = fit_lower_lids(image, mesh)
     vertices = mesh_vertices(mesh)
     # (whether it shows teeth, read on the lips' own box before the warp bank sets the final one)
@@ -196,7 +204,8 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
     floor = rigid_floor(image, mesh, eye_bank.rect)  # spectacle frames, brows: a blink does not bend them
     if np.isfinite(floor).any():
         eye_bank = eye_bank.confined(floor)
-    head = _head_mask(mesh, width, height, include=mouth_bank.rect.union(eye_bank.rect))
+    head = _kept_off(image, mesh, _head_mask(mesh, width, height, include=mouth_bank.rect.union(eye_bank.rect)),
+                     person)
     teeth = _teeth(image, mesh, mouth_bank.rect, skin=skin)
     return FaceRig(
         image=image,
@@ -210,6 +219,17 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
         interior=interior,
         head=head,
     )
+
+
+def _kept_off(image: np.ndarray, mesh: fm.FaceMesh, head: HeadMask, person: Segment | None) -> HeadMask:
+    """The head's mask kept off the background (``preview.backdrop``), where the person is known."""
+    r = head.rect
+    if person is None or r.empty:
+        return head
+    weight = hug(head.weight, r, person(image, (r.x0, r.y0, r.x1, r.y1)), mesh.at(fm.FACE_OVAL), head.face_width)
+    if weight is None:
+        return head
+    return dataclasses.replace(head, weight=weight, wx=weight * head.xs, wy=weight * head.ys)
 
 
 def still_rig(image: np.ndarray, mesh: fm.FaceMesh) -> FaceRig:
