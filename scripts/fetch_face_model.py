@@ -1,11 +1,11 @@
-"""Install step: put MediaPipe's face mesh and face detection models (face_landmark.tflite and
-face_detection_short_range.tflite, Apache-2.0) where avatar-render finds them.
+"""Install step: put MediaPipe's face mesh, face detection and person segmentation models (face_landmark.tflite,
+face_detection_short_range.tflite and selfie_segmentation.tflite, Apache-2.0) where avatar-render finds them.
 
 The models ship inside the ``mediapipe==0.10.21`` wheels on PyPI (later releases ship no models). This
 downloads one such wheel with pip (no dependencies, nothing installed), takes out only the models and
 their licence, checks each model's SHA-256 and writes them into the package's ``face/data`` folder (or
 ``--dest``). The preview works without them (a template mesh on the cascade's boxes); ``avatar-render
-doctor`` says which is in use. Nothing is downloaded when both are already there.
+doctor`` says which is in use. Nothing is downloaded when all are already there.
 
     python scripts/fetch_face_model.py [--dest DIR]      (the same as: avatar-render setup [--dest DIR])
 """

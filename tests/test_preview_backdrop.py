@@ -47,7 +47,7 @@ def test_the_background_stays_still_as_the_head_moves(striped):
     inside = np.zeros(person.shape, bool)
     inside[rect.slices] = True
     # The background beyond the band around the head's outline: the stripes where they were.
-    band = int(BAND * still.head.face_width) + 2
+    band = int(BAND * still.head.face_width) + 2  # (at the usual head motion)
     clear = cv2.erode((person < 0.5).astype(np.uint8), np.ones((3, 3), np.uint8), iterations=band) > 0
     background = inside & clear
     assert background.sum() > 2000
@@ -92,6 +92,27 @@ def test_the_band_around_the_head_stretches_without_folding(striped):
     weight = cv2.resize(rig.head.weight, (r.w, r.h))[y - r.y0]
     source = xs - weight * rig.head.face_width * 0.06
     assert np.all(np.diff(source) > 0)
+
+
+def _folding_rows(rig, travel: float) -> int:
+    """How many rows of the head's rectangle fold (the map's source x stops growing) when the head moves ``travel``
+    face widths across."""
+    r = rig.head.rect
+    weight = cv2.resize(rig.head.weight, (r.w, r.h))
+    source = np.arange(r.w, dtype=np.float32) - weight * travel * rig.head.face_width
+    return int((np.diff(source, axis=1) <= 0).any(axis=1).sum())
+
+
+def test_a_livelier_head_takes_a_wider_band(striped):
+    """The band around the person is stretched, never folded: at the usual motion (0.06 face widths across is more
+    than it ever moves) no row folds; preview.head_motion 3 widens the band three times, and moving three times as
+    far folds no row the head's own ellipse does not (its fading band is as narrow as ever)."""
+    image, mesh, person = striped
+    usual = build_rig(image, mesh, person=_segment(person))
+    lively = build_rig(image, mesh, person=_segment(person), motion=3.0)
+    assert (lively.head.weight > 0.01).sum() > (usual.head.weight > 0.01).sum()
+    assert _folding_rows(usual, 0.06) == 0
+    assert _folding_rows(lively, 0.18) <= _folding_rows(build_rig(image, mesh), 0.18)
 
 
 def test_a_head_with_nothing_behind_it_keeps_its_ellipse(striped):

@@ -45,7 +45,8 @@ def setup(
         "--dest", help="Folder for the .tflite models (default: beside the package, or the user's data).")] = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Install the face models the preview finds faces and places the mouth and eyes with (pip downloads them once)."""
+    """Install the face models the preview finds faces, places the mouth and eyes and tells the person from the
+    background with (pip downloads them once)."""
     out = Out()
 
     def run() -> None:

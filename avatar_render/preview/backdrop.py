@@ -16,14 +16,16 @@ import numpy as np
 from avatar_render.preview.warp import Rect
 
 PERSON = 0.5  # a pixel this much the person's or more moves with the head as the ellipse says
-BAND = 0.2  # face widths: the background this near the person's outline moves with it, less the further it lies
+# face widths, at the head's usual motion (preview.head_motion 1, whose largest travel at the top of the head is about
+# 0.11 face widths): the background this near the person's outline moves with it, less the further it lies
+BAND = 0.2
 ALL_PERSON = 0.99  # a rectangle whose every pixel is the person's this much has no background to keep still
 FACE_SEEN = 0.9  # the share of the face the segmentation must see as the person's for it to be used
 
 
-def hug(weight: np.ndarray, rect: Rect, person: np.ndarray, face: np.ndarray, face_width: float) -> np.ndarray | None:
+def hug(weight: np.ndarray, rect: Rect, person: np.ndarray, face: np.ndarray, band: float) -> np.ndarray | None:
     """The head's weight (at the centres of every other pixel of ``rect``, (rect.h // 2, rect.w // 2) float32) kept on
-    the person (``person``: (rect.h, rect.w) float32 0..1) and falling to 0 over ``BAND`` face widths beyond their
+    the person (``person``: (rect.h, rect.w) float32 0..1) and falling to 0 over ``band`` pixels beyond their
     outline. None where the rectangle is all the person's (nothing to keep still), or where the segmentation does
     not see the face (``face``: its outline, (n, 2) pixels) as the person's: a drawing, a statue, a face it missed."""
     if float(person.min()) >= ALL_PERSON:
@@ -34,7 +36,7 @@ def hug(weight: np.ndarray, rect: Rect, person: np.ndarray, face: np.ndarray, fa
         return None
     outside = ((person < PERSON) & (inside == 0)).astype(np.uint8)
     away = cv2.distanceTransform(outside, cv2.DIST_L2, 5)  # (rect.h, rect.w) px to the person's outline, 0 on them
-    band = max(BAND * face_width, 2.0)
-    u = np.clip(1 - away / band, 0, 1)
+    u = np.clip(1 - away / max(band, 2.0), 0, 1)
     near = u * u * (3 - 2 * u)  # 1 on the person, easing to 0 at the band's far edge
-    return (weight * near[: 2 * weight.shape[0] : 2, : 2 * weight.shape[1] : 2]).astype(np.float32)
+    # (the lesser of the two, not their product: no steeper than either, so no fold the ellipse has not)
+    return np.minimum(weight, near[: 2 * weight.shape[0] : 2, : 2 * weight.shape[1] : 2]).astype(np.float32)

@@ -115,14 +115,15 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
     output_type = PreviewStatic
 
     def __init__(self, *, face_box: list[int] | None, landmarks: str, cache_mb: int = 256,
-                 face_index: int | None = None, transcript: str | None = None) -> None:
+                 face_index: int | None = None, transcript: str | None = None, head_motion: float = 1.0) -> None:
         self.face_box = face_box
         self.transcript = transcript  # the words spoken (the file's text), or None
         self.cache_mb = cache_mb
         self.detector = FaceDetector(index=face_index)
         path = find_model(landmarks)
         self.landmarks = LandmarkModel(path) if path is not None else None
-        seg = find_segmenter()
+        self.head_motion = head_motion
+        seg = find_segmenter() if head_motion > 0 else None  # (a still head moves no background)
         self.segmenter = PersonSegmenter(seg) if seg is not None else None
 
     def modules(self):
@@ -149,7 +150,8 @@ class PreviewInit(Stage[RequestInput, PreviewStatic]):
             mesh, kind = template_mesh(fallback_layout(x.width, x.height)), "fallback"
         # (a video reference's own frames move its background; a still one's is kept still where it is known)
         person = self.segmenter.person if self.segmenter is not None and x.video is None else None
-        rig = build_rig(image, mesh, person=person) if kind != "fallback" else still_rig(image, mesh)
+        rig = (build_rig(image, mesh, person=person, motion=self.head_motion) if kind != "fallback"
+               else still_rig(image, mesh))
         if kind == "fallback" and x.video is None:
             note = ("no face was found in the reference; it is shown still, with the audio (place the face with "
                     "face.box=[x,y,w,h])")
@@ -331,7 +333,7 @@ def build_preview(cfg: Config, mesh: object = None) -> Pipeline:  # one process:
     p = cfg.preview
     return Pipeline(
         init=PreviewInit(face_box=cfg.face.box, landmarks=cfg.face.landmarks, cache_mb=cfg.reference.cache_mb,
-                         face_index=cfg.face.index,
+                         face_index=cfg.face.index, head_motion=p.head_motion,
                          transcript=read_transcript(p.transcript) if p.transcript is not None and p.phones else None),
         generate=(
             SpeechContext(phones=p.phones),

@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 
 from avatar_render.face import mesh as fm
-from avatar_render.preview.backdrop import hug
+from avatar_render.preview.backdrop import BAND, hug
 from avatar_render.preview.chin import ChinSlide
 from avatar_render.preview.eyelids import fit_lower_lids
 from avatar_render.preview.interior import (
@@ -178,15 +178,16 @@ class FaceRig:
     synth: MouthInterior | None = None  # a generated interior, where the reference shows no teeth of its own
 
 
-def build_rig(image: np.ndarray, mesh: fm.FaceMesh, *, person: Segment | None = None) -> FaceRig:
+def build_rig(image: np.ndarray, mesh: fm.FaceMesh, *, person: Segment | None = None, motion: float = 1.0) -> FaceRig:
     """person: how far each pixel of a region (x0, y0, x1, y1) of the image is the person's (``face.segment``), or
-    None: the background around the head then moves with it, as far as the head's ellipse reaches."""
+    None: the background around the head then moves with it, as far as the head's ellipse reaches. motion: how far the
+    head moves (``preview.head_motion``): the band of background moving with it widens with it."""
     height, width = image.shape[:2]
     skin = _median_colour(image, mesh.at(_CHEEKS))
     colour = colour_spread(image)
     interior = _interior(skin, lip_colour(image, mesh, fallback=skin), colour)
     if mesh.mouth_width() < MIN_MOUTH_PX:
-        head = _kept_off(image, mesh, _head_mask(mesh, width, height), person)
+        head = _kept_off(image, mesh, _head_mask(mesh, width, height), person, motion)
         return FaceRig(image=image, mesh=mesh, interior=interior, head=head)
     mesh = fit_lower_lids(image, mesh)
     vertices = mesh_vertices(mesh)
@@ -205,7 +206,7 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh, *, person: Segment | None = 
     if np.isfinite(floor).any():
         eye_bank = eye_bank.confined(floor)
     head = _kept_off(image, mesh, _head_mask(mesh, width, height, include=mouth_bank.rect.union(eye_bank.rect)),
-                     person)
+                     person, motion)
     teeth = _teeth(image, mesh, mouth_bank.rect, skin=skin)
     return FaceRig(
         image=image,
@@ -221,12 +222,13 @@ def build_rig(image: np.ndarray, mesh: fm.FaceMesh, *, person: Segment | None = 
     )
 
 
-def _kept_off(image: np.ndarray, mesh: fm.FaceMesh, head: HeadMask, person: Segment | None) -> HeadMask:
+def _kept_off(image: np.ndarray, mesh: fm.FaceMesh, head: HeadMask, person: Segment | None, motion: float) -> HeadMask:
     """The head's mask kept off the background (``preview.backdrop``), where the person is known."""
     r = head.rect
     if person is None or r.empty:
         return head
-    weight = hug(head.weight, r, person(image, (r.x0, r.y0, r.x1, r.y1)), mesh.at(fm.FACE_OVAL), head.face_width)
+    band = BAND * max(motion, 1.0) * head.face_width
+    weight = hug(head.weight, r, person(image, (r.x0, r.y0, r.x1, r.y1)), mesh.at(fm.FACE_OVAL), band)
     if weight is None:
         return head
     return dataclasses.replace(head, weight=weight, wx=weight * head.xs, wy=weight * head.ys)
