@@ -21,8 +21,7 @@ import numpy as np
 
 from avatar_render.errors import AvatarRenderError
 from avatar_render.face.layout import EYE_GAP, EYE_Y, MOUTH_Y, Box
-from avatar_render.face.models import DNN_LOCK, installed, read_tflite
-from avatar_render.pipeline.module import Module
+from avatar_render.face.models import DNN_LOCK, TfliteModel, installed, read_tflite
 
 MODEL_FILE = "face_detection_short_range.tflite"
 MODEL_SHA256 = "bbff11cebd1eb27a1e004cae0b0e63ec8c551cbf34a4451148b4908b8db3eca8"  # as in mediapipe 0.10.21
@@ -51,16 +50,8 @@ def find_model() -> Path | None:
     return installed(MODEL_FILE)
 
 
-class FaceFinder(Module):
+class FaceFinder(TfliteModel):
     name = "face_finder"
-
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = Path(path)
-        self._net = None
-
-    def weight_files(self) -> list[Path]:
-        return [self.path]
 
     def _load(self) -> None:
         net, outs = read_tflite(self.path, _INPUT, "face detection model")

@@ -20,8 +20,7 @@ from avatar_render.errors import AvatarRenderError
 from avatar_render.face.detect import IsFace
 from avatar_render.face.layout import Box
 from avatar_render.face.mesh import LEFT_EYE_UPPER, NUM_POINTS, RIGHT_EYE_UPPER, FaceMesh
-from avatar_render.face.models import DNN_LOCK, GET_MODEL, installed, model_folders, read_tflite
-from avatar_render.pipeline.module import Module
+from avatar_render.face.models import DNN_LOCK, GET_MODEL, TfliteModel, installed, model_folders, read_tflite
 
 MODEL_FILE = "face_landmark.tflite"
 MODEL_SHA256 = "1055cb9d4a9ca8b8c688902a3a5194311138ba256bcc94e336d8373a5f30c814"  # as in mediapipe 0.10.21
@@ -72,17 +71,12 @@ class Roi:
         )
 
 
-class LandmarkModel(Module):
+class LandmarkModel(TfliteModel):
     name = "face_landmarks"
 
     def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = Path(path)
-        self._net = None
+        super().__init__(path)
         self._outputs: list[str] = []
-
-    def weight_files(self) -> list[Path]:
-        return [self.path]
 
     def _load(self) -> None:
         if not self.path.is_file():

@@ -11,6 +11,7 @@ import cv2
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
+from avatar_render.pipeline.module import Module
 
 GET_MODEL = "avatar-render setup"  # the install step that puts them in place
 
@@ -42,3 +43,15 @@ def read_tflite(path: Path, side: int, what: str) -> tuple[cv2.dnn.Net, dict[str
     except cv2.error:
         raise AvatarRenderError(f"The {what} '{path}' could not be read; get it again with {GET_MODEL}.") from None
     return net, dict(zip(names, outs))
+
+
+class TfliteModel(Module):
+    """A module whose weights are one installed .tflite file, read by OpenCV (``_net``, set by each one's ``_load``)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self._net: cv2.dnn.Net | None = None
+
+    def weight_files(self) -> list[Path]:
+        return [self.path]

@@ -13,8 +13,7 @@ import cv2
 import numpy as np
 
 from avatar_render.errors import AvatarRenderError
-from avatar_render.face.models import DNN_LOCK, installed, read_tflite
-from avatar_render.pipeline.module import Module
+from avatar_render.face.models import DNN_LOCK, TfliteModel, installed, read_tflite
 
 MODEL_FILE = "selfie_segmentation.tflite"
 MODEL_SHA256 = "9ee168ec7c8f2a16c56fe8e1cfbc514974cbbb7e434051b455635f1bd1462f5c"  # as in mediapipe 0.10.21
@@ -26,16 +25,8 @@ def find_model() -> Path | None:
     return installed(MODEL_FILE)
 
 
-class PersonSegmenter(Module):
+class PersonSegmenter(TfliteModel):
     name = "person_segmenter"
-
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = Path(path)
-        self._net = None
-
-    def weight_files(self) -> list[Path]:
-        return [self.path]
 
     def _load(self) -> None:
         net, outs = read_tflite(self.path, _INPUT, "person segmentation model")
